@@ -1,0 +1,1 @@
+"""meshplan: an automatic parallelization planner for training large models."""

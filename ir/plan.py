@@ -1,0 +1,228 @@
+"""The plan: how the work is split over the GPUs, what that is predicted to cost, and how the
+solver got there. A frozen value that round-trips through JSON (schema ``meshplan.plan/1``);
+loading validates every field and never executes code.
+
+Mesh axes are ``pp, dp, cp, tp, ep``. The world is ``pp * dp * cp * tp`` ranks; ``ep`` is folded
+inside ``dp * cp`` as in Megatron-Core (experts are sharded over a subgroup of the data ranks), so
+it must divide ``dp * cp``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidPlanError
+
+SCHEMA = "meshplan.plan/1"
+AXES = ("pp", "dp", "cp", "tp", "ep")
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZERO_BUBBLE = "zero-bubble"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # the attention core (Korthikanti et al. 2022, sec. 5)
+    FULL = "full"  # the whole layer: keep only its input
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mesh:
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            size = getattr(self, axis)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise InvalidPlanError(f"mesh.{axis} must be a positive integer, got {size!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise InvalidPlanError(
+                f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp}) = {self.dp * self.cp}: "
+                "experts are sharded over a subgroup of the data-parallel ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    def __str__(self) -> str:
+        parts = [f"{a}={getattr(self, a)}" for a in AXES if getattr(self, a) > 1]
+        return " x ".join(parts) if parts else "single GPU"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_bytes: float  # the largest over GPUs
+    memory_bytes: dict[str, float]  # params, grads, optimizer, activations, buffers
+    time_s: dict[str, float]  # compute, exposed_comm, bubble
+    memory_limit_bytes: float = 0.0
+    comm_bytes: dict[str, float] = field(default_factory=dict)  # per collective family, per GPU per step
+
+    def __post_init__(self) -> None:
+        for key in ("params", "grads", "optimizer", "activations", "buffers"):
+            if key not in self.memory_bytes:
+                raise InvalidPlanError(f"prediction.memory_bytes lacks {key!r}")
+        for key in ("compute", "exposed_comm", "bubble"):
+            if key not in self.time_s:
+                raise InvalidPlanError(f"prediction.time_s lacks {key!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolverInfo:
+    status: str  # OPTIMAL, FEASIBLE, EVALUATED (everything pinned), ...
+    wall_s: float
+    gap: float  # relative optimality gap, 0.0 when proven optimal
+    candidates: int = 0  # strategies considered
+    pruned: int = 0  # of them, rejected before the solve (memory, divisibility)
+    variables: int = 0
+    constraints: int = 0
+    binding: str = ""  # the constraint that binds, in words
+    alternatives: tuple[dict, ...] = ()  # runners-up: {"summary", "step_time_s", "peak_memory_bytes", "why"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: dict[str, Any]  # the zoo config (family, layers, hidden, ...) and its name if any
+    cluster: str  # the cluster spec, e.g. "h100-sxm:8x8"
+    global_batch: int
+    seq_len: int
+    mesh: Mesh
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    micro_batch_size: int = 1
+    num_microbatches: int = 1
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    vp: int = 1  # virtual pipeline stages per rank (interleaved-1f1b)
+    recompute: tuple[Recompute, ...] = ()  # one per layer
+    stages: tuple[tuple[int, int], ...] = ()  # [first, last) layer per pipeline stage
+    param_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> placement per axis of AXES
+    fusions: tuple[str, ...] = ()
+    dtype: str = "bfloat16"
+    prediction: Prediction | None = None
+    solver: SolverInfo | None = None
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    @property
+    def layers(self) -> int:
+        return len(self.recompute)
+
+    def summary(self) -> str:
+        rc = sorted(set(self.recompute))
+        return (f"{self.mesh}, zero-{self.zero_stage}{', sp' if self.sequence_parallel else ''}, "
+                f"micro-batch {self.micro_batch_size} x {self.num_microbatches}, "
+                f"recompute {'/'.join(rc) if rc else 'none'}"
+                + (f", {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.mesh.pp > 1 else ""))
+
+    # ---- JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema": SCHEMA}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (Mesh, Prediction, SolverInfo)):
+                value = asdict(value)
+            elif f.name == "stages":
+                value = [list(s) for s in value]
+            elif f.name == "param_layouts":
+                value = {k: list(v) for k, v in value.items()}
+            elif isinstance(value, tuple):
+                value = [str(v) if isinstance(v, StrEnum) else v for v in value]
+            elif isinstance(value, StrEnum):
+                value = str(value)
+            data[f.name] = value
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "plan") -> "Plan":
+        from .plan_json import plan_kwargs_from_dict
+
+        return cls(**plan_kwargs_from_dict(data, where=where))
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "plan") -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidPlanError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        return cls.from_dict(data, where=where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InvalidPlanError(f"cannot read plan file {str(path)!r}: {exc.strerror}") from None
+        return cls.from_json(text, where=str(path))
+
+    def with_prediction(self, prediction: Prediction, solver: SolverInfo | None = None) -> "Plan":
+        return replace(self, prediction=prediction, solver=solver if solver is not None else self.solver)
+
+
+def _check(plan: Plan) -> None:
+    def bad(msg: str) -> None:
+        raise InvalidPlanError(msg)
+
+    for name in ("global_batch", "seq_len", "micro_batch_size", "num_microbatches", "vp"):
+        value = getattr(plan, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            bad(f"{name} must be a positive integer, got {value!r}")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        bad(f"zero_stage must be 0, 1, 2 or 3, got {plan.zero_stage!r}")
+    object.__setattr__(plan, "schedule", Schedule(plan.schedule))
+    object.__setattr__(plan, "recompute", tuple(Recompute(r) for r in plan.recompute))
+    m = plan.mesh
+    per_step = plan.micro_batch_size * plan.num_microbatches * m.dp
+    if per_step != plan.global_batch:
+        bad(f"micro_batch_size({plan.micro_batch_size}) * num_microbatches({plan.num_microbatches}) * "
+            f"dp({m.dp}) = {per_step} != global_batch({plan.global_batch})")
+    if plan.sequence_parallel and m.tp == 1:
+        bad("sequence_parallel needs tp > 1")
+    if plan.seq_len % (m.cp * (m.tp if plan.sequence_parallel else 1)):
+        bad(f"seq_len({plan.seq_len}) must divide by cp({m.cp})"
+            + (f" * tp({m.tp})" if plan.sequence_parallel else ""))
+    if plan.stages:
+        if len(plan.stages) != m.pp * plan.vp:
+            bad(f"{len(plan.stages)} stages given but pp({m.pp}) * vp({plan.vp}) = {m.pp * plan.vp}")
+        expect = 0
+        for first, last in plan.stages:
+            if first != expect or last <= first:
+                bad(f"stages must cover the layers in order without gaps or empty stages; got {list(plan.stages)}")
+            expect = last
+        if plan.recompute and expect != len(plan.recompute):
+            bad(f"stages cover {expect} layers but the model has {len(plan.recompute)}")
+    elif m.pp > 1:
+        bad(f"pp({m.pp}) > 1 needs stages")
+    if plan.vp > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
+        bad(f"vp({plan.vp}) > 1 needs schedule 'interleaved-1f1b', got {str(plan.schedule)!r}")
+    for name, layout in plan.param_layouts.items():
+        if len(layout) != len(AXES):
+            bad(f"param_layouts[{name!r}] has {len(layout)} placements; expected one per axis {AXES}")
