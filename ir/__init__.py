@@ -3,6 +3,7 @@ from .errors import (InfeasibleError, InvalidClusterError, InvalidPlanError, Pla
                      UnsupportedModelError)
 from .graph import BATCH, DTYPE_BYTES, SEQ, Block, Graph, ModelDims, Node, OpKind, Param, TensorMeta, evaluate
 from .placement import Partial, Placement, Replicate, Shard, parse_placement, shard_sizes
+from . import report
 from .plan import AXES, SCHEMA, Mesh, Plan, Prediction, Recompute, Schedule, SolverInfo
 
 __all__ = [

@@ -1,0 +1,96 @@
+"""The user's entry points: ``autoparallelize`` runs the stages in order (trace, cost, solve) and
+returns a ``Plan`` that can be reported, saved, emitted as a program, or applied to a model."""
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import ir, solver, zoo
+from .cost_model import Cluster, parse_cluster
+from .frontend import trace
+
+
+class Plan(ir.Plan):
+    """``ir.Plan`` with the actions that need the later stages (codegen, runtime)."""
+
+    __slots__ = ()
+
+    def report(self) -> str:
+        return ir.report.report(self)
+
+    def explain(self) -> str:
+        return ir.report.explain(self)
+
+    def emit(self, path: str | Path, *, fuse: bool = False) -> Path:
+        """Write a readable torchrun training script for this plan."""
+        from .codegen import emit_source
+
+        if fuse:
+            raise ir.PlanError("kernel fusion is not available yet; emit with fuse=False")
+        path = Path(path)
+        path.write_text(emit_source(self))
+        return path
+
+    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None) -> Any:
+        """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``."""
+        from .runtime import apply
+
+        return apply(self, model, optimizer=optimizer)
+
+
+def as_api_plan(plan: ir.Plan) -> Plan:
+    return Plan(**{f.name: getattr(plan, f.name) for f in fields(plan)})
+
+
+def model_config(model: torch.nn.Module | str | dict) -> dict[str, Any]:
+    if isinstance(model, str):
+        return zoo.config(model).to_dict()
+    if isinstance(model, dict):
+        return zoo.ModelConfig.from_dict(model).to_dict()
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, zoo.ModelConfig):
+        raise ir.UnsupportedModelError(
+            f"{type(model).__name__} has no zoo config (a .config ModelConfig); meshplan plans zoo models and "
+            "models that carry one: build with meshplan.zoo.build(...) or build_from_config({...})")
+    return cfg.to_dict()
+
+
+def _as_module(model: torch.nn.Module | str | dict) -> torch.nn.Module:
+    if isinstance(model, torch.nn.Module):
+        return model
+    with torch.device("meta"):
+        return zoo.build(model) if isinstance(model, str) else zoo.build_from_config(model)
+
+
+def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,
+          fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0, top: int = 5,
+          progress: Callable[[str], None] | None = None) -> tuple[Plan, ...]:
+    """The best plan and up to ``top - 1`` runners-up."""
+    cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    for name, value in (("global_batch", global_batch), ("seq_len", seq_len)):
+        if not isinstance(value, int) or value < 1:
+            raise ir.PlanError(f"{name} must be a positive integer, got {value!r}")
+    config = model_config(model)
+    if seq_len > config["max_seq_len"]:
+        raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {config['max_seq_len']}")
+    graph = trace(_as_module(model), batch=1, seq_len=min(seq_len, 64))
+    dtype = dtype or ("float32" if cluster.accelerator.name == "cpu" else "bfloat16")
+    req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
+                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top)
+    return tuple(as_api_plan(p) for p in solver.solve(req, progress=progress))
+
+
+def autoparallelize(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,
+                    fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0,
+                    progress: Callable[[str], None] | None = None) -> Plan:
+    """Plan ``model`` on ``cluster``. ``fixed`` pins choices, e.g. ``{"tp": 2, "zero": 3}``; with every
+    choice pinned it evaluates that plan."""
+    return plans(model, cluster, global_batch=global_batch, seq_len=seq_len, fixed=fixed, dtype=dtype,
+                 time_limit_s=time_limit_s, progress=progress)[0]
+
+
+def load(path: str | Path) -> Plan:
+    return Plan.load(path)

@@ -1,0 +1,175 @@
+"""The ``meshplan`` command: plan, emit, run, zoo."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import ir
+
+GB = 1e9
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
+    src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
+    p.add_argument("--cluster", required=True, help="NAME:NODESxGPUS, e.g. h100-sxm:16x8 (or a preset name)")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: bfloat16 on GPUs, float32 on cpu")
+
+
+def _pin_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pin a choice (the solver searches the rest)")
+    for name in ("tp", "dp", "pp", "cp", "ep", "vp", "zero", "micro-batch", "num-microbatches"):
+        g.add_argument(f"--{name}", type=int)
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
+    g.add_argument("--recompute", choices=("none", "selective", "full"))
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"))
+
+
+def _fixed(args: argparse.Namespace) -> dict:
+    keys = {"tp": "tp", "dp": "dp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "zero": "zero",
+            "micro_batch": "micro_batch", "num_microbatches": "num_microbatches", "sp": "sp",
+            "recompute": "recompute", "schedule": "schedule"}
+    return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
+
+
+def _model(args: argparse.Namespace):
+    if args.model:
+        return args.model
+    try:
+        return json.loads(Path(args.model_config).read_text())
+    except OSError as exc:
+        raise ir.PlanError(f"cannot read model config {args.model_config!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ir.PlanError(f"{args.model_config}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .api import plans
+
+    progress = (lambda msg: print(f"[meshplan] {msg}", file=sys.stderr)) if not args.json else None
+    start = time.perf_counter()
+    found = plans(_model(args), args.cluster, global_batch=args.global_batch, seq_len=args.seq_len,
+                  fixed=_fixed(args), dtype=args.dtype, time_limit_s=args.time_limit, top=max(args.top, 1),
+                  progress=progress)
+    best = found[0]
+    if args.output:
+        best.save(args.output)
+    if args.json:
+        print(best.to_json())
+    else:
+        print(best.report())
+        if args.top > 1:
+            print("\n" + best.explain())
+        print(f"\nplanned in {time.perf_counter() - start:.1f} s" + (f"; saved to {args.output}" if args.output else ""))
+    return 0
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    from .api import load
+
+    plan = load(args.plan)
+    path = plan.emit(args.output, fuse=args.fuse)
+    print(f"wrote {path}: run it with  torchrun --nproc-per-node {plan.world_size} {path} --steps 5")
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .api import load
+
+    plan = load(args.plan)
+    if plan.world_size != args.nproc:
+        raise ir.InvalidPlanError(f"the plan's mesh needs {plan.world_size} processes "
+                                  f"({plan.mesh}) but --nproc is {args.nproc}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+           f"--master-port={_free_port()}", "-m", "meshplan.cli", "_train", str(args.plan), "--steps", str(args.steps),
+           "--seed", str(args.seed)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.call(cmd, env=env)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """One process of ``meshplan run`` (under torchrun)."""
+    import torch
+
+    from . import zoo
+    from .api import load
+    from .runtime.train import run_training
+
+    plan = load(args.plan)
+    torch.manual_seed(args.seed)
+    model = zoo.build_from_config(plan.model)
+    run_training(plan, model, steps=args.steps, seed=args.seed)
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from . import zoo
+
+    print(f"{'name':<16}{'family':<8}{'layers':>7}{'hidden':>8}{'heads':>7}{'experts':>9}{'params':>12}")
+    for name in zoo.names():
+        c = zoo.config(name)
+        n = zoo.param_count(c)
+        size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+        print(f"{name:<16}{c.family:<8}{c.layers:>7}{c.hidden:>8}{c.heads:>7}{c.experts or '-':>9}{size:>12}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshplan", description="Plan, emit and run parallel training.")
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("plan", help="choose a parallelization plan and print its report")
+    _model_args(pl)
+    _pin_args(pl)
+    pl.add_argument("-o", "--output", help="save the plan as JSON here")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON instead of the report")
+    pl.add_argument("--top", type=int, default=1, help="also show the runners-up and why they lost")
+    pl.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
+    pl.set_defaults(func=cmd_plan)
+    em = sub.add_parser("emit", help="write a torchrun training script for a plan")
+    em.add_argument("plan")
+    em.add_argument("-o", "--output", required=True)
+    em.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False)
+    em.set_defaults(func=cmd_emit)
+    rn = sub.add_parser("run", help="train a plan on CPU processes with torchrun")
+    rn.add_argument("plan")
+    rn.add_argument("--nproc", type=int, required=True)
+    rn.add_argument("--steps", type=int, default=5)
+    rn.add_argument("--seed", type=int, default=0)
+    rn.set_defaults(func=cmd_run)
+    tr = sub.add_parser("_train")
+    tr.add_argument("plan")
+    tr.add_argument("--steps", type=int, default=5)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.set_defaults(func=cmd_train)
+    zo = sub.add_parser("zoo", help="the model zoo")
+    zo.add_argument("action", choices=("list",))
+    zo.set_defaults(func=cmd_zoo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ir.PlanError as exc:
+        print(f"meshplan: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

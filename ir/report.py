@@ -1,0 +1,85 @@
+"""The plan as text a person reads: a summary line, the parallelism, time and memory per GPU,
+the constraint that binds, and (``explain``) the strategies that lost and by how much."""
+from __future__ import annotations
+
+from .plan import AXES, Plan
+
+GB = 1e9
+
+
+def _row(label: str, value: str, note: str = "") -> str:
+    return f"  {label:<22}{value:>14}  {note}".rstrip()
+
+
+def report(plan: Plan) -> str:
+    name = plan.model.get("name") or plan.model.get("family", "model")
+    lines = [f"meshplan: {name} on {plan.cluster} ({plan.world_size} GPUs), global batch {plan.global_batch} "
+             f"x {plan.seq_len} tokens", f"plan: {plan.summary()}", "", "parallelism"]
+    for axis in AXES:
+        lines.append(_row(axis, str(getattr(plan.mesh, axis)), _axis_note(plan, axis)))
+    lines.append(_row("zero stage", str(plan.zero_stage), _zero_note(plan.zero_stage)))
+    lines.append(_row("micro-batch", f"{plan.micro_batch_size} x {plan.num_microbatches}",
+                      "size x count per data-parallel rank"))
+    counts = {r: plan.recompute.count(r) for r in dict.fromkeys(plan.recompute)}
+    lines.append(_row("recompute", ", ".join(f"{n} {r}" for r, n in counts.items()) or "none", "layers"))
+    if plan.mesh.pp > 1:
+        lines.append(_row("pipeline", f"{plan.schedule}", f"stages {list(plan.stages)}"))
+    pred = plan.prediction
+    if pred is not None:
+        lines += ["", "time per step"] + _time_rows(pred) + ["", "memory per GPU (the most loaded)"]
+        lines += _memory_rows(pred)
+        lines += ["", "throughput",
+                  _row("tokens/s", f"{pred.tokens_per_s:,.0f}"),
+                  _row("model TFLOP/s/GPU", f"{pred.model_tflops_per_gpu:.1f}", f"MFU {pred.mfu:.1%}"),
+                  _row("hardware TFLOP/s/GPU", f"{pred.hardware_tflops_per_gpu:.1f}", "recompute counted")]
+    if plan.solver is not None:
+        s = plan.solver
+        lines += ["", f"solver: {s.status}, gap {s.gap:.2%}, {s.wall_s:.2f} s; {s.candidates} candidates, "
+                  f"{s.pruned} pruned (cannot fit); ILP {s.variables} variables, {s.constraints} constraints"]
+        if s.binding:
+            lines.append(f"binding constraint: {s.binding}")
+    return "\n".join(lines)
+
+
+def _time_rows(pred) -> list[str]:
+    rows = [_row("step", f"{pred.step_time_s * 1e3:.1f} ms")]
+    for key, label in (("compute", "compute"), ("exposed_comm", "exposed comm"), ("bubble", "pipeline bubble")):
+        value = pred.time_s.get(key, 0.0)
+        rows.append(_row(label, f"{value * 1e3:.1f} ms", f"{value / pred.step_time_s:.0%}"))
+    return rows
+
+
+def _memory_rows(pred) -> list[str]:
+    rows = []
+    for key in ("params", "grads", "optimizer", "activations", "buffers"):
+        rows.append(_row(key, f"{pred.memory_bytes[key] / GB:.2f} GB"))
+    limit = pred.memory_limit_bytes
+    note = f"of {limit / GB:.1f} GB ({pred.peak_memory_bytes / limit:.0%})" if limit else ""
+    rows.append(_row("peak", f"{pred.peak_memory_bytes / GB:.2f} GB", note))
+    return rows
+
+
+def _axis_note(plan: Plan, axis: str) -> str:
+    return {"pp": "pipeline stages", "dp": "data-parallel replicas", "cp": "context (sequence) shards",
+            "tp": "tensor-parallel shards" + (" + sequence parallel" if plan.sequence_parallel else ""),
+            "ep": "expert shards (inside dp x cp)"}[axis]
+
+
+def _zero_note(stage: int) -> str:
+    return ("replicated states", "optimizer states sharded over dp", "optimizer states + gradients sharded",
+            "optimizer states + gradients + parameters sharded (FSDP)")[stage]
+
+
+def explain(plan: Plan) -> str:
+    """The runners-up the solver found and why each lost."""
+    lines = [f"chosen: {plan.summary()}"]
+    if plan.prediction is not None:
+        lines[0] += (f"  ({plan.prediction.step_time_s * 1e3:.1f} ms/step, "
+                     f"{plan.prediction.peak_memory_bytes / GB:.1f} GB)")
+    alts = plan.solver.alternatives if plan.solver else ()
+    if not alts:
+        lines.append("no alternatives recorded (everything was pinned, or only one strategy fits)")
+    for i, alt in enumerate(alts, 2):
+        lines.append(f"#{i}: {alt['summary']}  ({alt['step_time_s'] * 1e3:.1f} ms/step, "
+                     f"{alt['peak_memory_bytes'] / GB:.1f} GB): {alt['why']}")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+r"""The integer program that picks the strategy, solved with OR-Tools CP-SAT.
+
+Data, per candidate ``c`` (a mesh, ZeRO stage, sequence parallelism and micro-batching, see
+``space.py``), read off the cost model:
+
+    t_c       step time with no recomputation                        (µs)
+    m_c       peak memory per GPU with no recomputation              (KiB)
+    dt_c^r    extra step time per layer recomputed with policy r     (µs),  r ∈ {sel, full}
+    dm_c^r    memory saved per layer recomputed with policy r        (KiB)
+    L         layers;   M  memory per GPU
+
+Variables:
+
+    y_c ∈ {0, 1}            candidate c is chosen
+    k_c^r ∈ {0, …, L}       layers of candidate c recomputed with policy r
+
+Constraints:
+
+    Σ_c y_c = 1                                            (add_choose_one)
+    Σ_r k_c^r ≤ L · y_c                                     (add_layer_budget)
+    m_c·y_c − Σ_r dm_c^r·k_c^r ≤ M·y_c                      (add_memory_limit)
+    k_c^r = L·y_c   where the user pinned recompute = r      (add_pinned_recompute)
+
+Objective (add_objective):
+
+    min Σ_c ( t_c·y_c + Σ_r dt_c^r·k_c^r )
+
+Time and memory are additive over layers in the cost model when the pipeline depth is one (one
+micro-batch in flight), so the program is exact for it; the chosen plan is then re-estimated by
+the cost model with its actual per-layer recompute list, and that estimate is what the plan
+reports. Costs are scaled to integers (µs and KiB) because CP-SAT works on integers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+POLICIES = ("selective", "full")
+TIME_SCALE = 1e6  # seconds -> µs
+MEMORY_SCALE = 1 / 1024  # bytes -> KiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CandidateCost:
+    time_s: float
+    memory_bytes: float
+    extra_time_s: tuple[float, float]  # per recomputed layer: selective, full
+    saved_bytes: tuple[float, float]  # per recomputed layer: selective, full
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    costs: tuple[CandidateCost, ...]
+    layers: int
+    memory_limit_bytes: float
+    pinned_recompute: str | None = None  # "none" | "selective" | "full" | None
+    excluded: frozenset[int] = frozenset()  # candidates already returned (for the runners-up)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Solution:
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN
+    candidate: int  # -1 when none
+    recompute_layers: tuple[int, int]  # selective, full
+    objective_s: float
+    bound_s: float
+    wall_s: float
+    variables: int
+    constraints: int
+
+    @property
+    def gap(self) -> float:
+        if self.candidate < 0 or self.objective_s <= 0:
+            return 0.0
+        return max(0.0, (self.objective_s - self.bound_s) / self.objective_s)
+
+
+@dataclass(slots=True)
+class _Vars:
+    y: list
+    k: list  # k[c][r]
+
+
+def _int(x: float) -> int:
+    return int(round(x))
+
+
+def add_variables(model: cp_model.CpModel, p: Problem) -> _Vars:
+    y = [model.new_bool_var(f"y{c}") for c in range(len(p.costs))]
+    k = [[model.new_int_var(0, p.layers, f"k{c}_{r}") for r in POLICIES] for c in range(len(p.costs))]
+    return _Vars(y=y, k=k)
+
+
+def add_choose_one(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
+    model.add_exactly_one(v.y)
+    for c in p.excluded:
+        model.add(v.y[c] == 0)
+
+
+def add_layer_budget(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
+    for c in range(len(p.costs)):
+        model.add(sum(v.k[c]) <= p.layers * v.y[c])
+
+
+def add_memory_limit(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
+    limit = _int(p.memory_limit_bytes * MEMORY_SCALE)
+    for c, cost in enumerate(p.costs):
+        saved = sum(_int(cost.saved_bytes[r] * MEMORY_SCALE) * v.k[c][r] for r in range(len(POLICIES)))
+        model.add(_int(cost.memory_bytes * MEMORY_SCALE) * v.y[c] - saved <= limit * v.y[c])
+
+
+def add_pinned_recompute(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
+    if p.pinned_recompute is None:
+        return
+    for c in range(len(p.costs)):
+        for r, policy in enumerate(POLICIES):
+            if policy == p.pinned_recompute:
+                model.add(v.k[c][r] == p.layers * v.y[c])
+            else:
+                model.add(v.k[c][r] == 0)
+
+
+def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
+    terms = []
+    for c, cost in enumerate(p.costs):
+        terms.append(_int(cost.time_s * TIME_SCALE) * v.y[c])
+        terms.extend(_int(cost.extra_time_s[r] * TIME_SCALE) * v.k[c][r] for r in range(len(POLICIES)))
+    model.minimize(sum(terms))
+
+
+def solve(p: Problem, *, time_limit_s: float = 30.0) -> Solution:
+    """Build the program family by family, solve it deterministically, read the answer."""
+    model = cp_model.CpModel()
+    v = add_variables(model, p)
+    for add in (add_choose_one, add_layer_budget, add_memory_limit, add_pinned_recompute, add_objective):
+        add(model, p, v)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1  # deterministic for the same input
+    solver.parameters.random_seed = 0
+    start = time.perf_counter()
+    status = solver.solve(model)
+    wall_s = time.perf_counter() - start
+    proto = model.proto
+    n_vars, n_cons = len(proto.variables), len(proto.constraints)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return Solution(status=solver.status_name(status), candidate=-1, recompute_layers=(0, 0), objective_s=0.0,
+                        bound_s=0.0, wall_s=wall_s, variables=n_vars, constraints=n_cons)
+    chosen = next(c for c in range(len(p.costs)) if solver.value(v.y[c]))
+    return Solution(status=solver.status_name(status), candidate=chosen,
+                    recompute_layers=tuple(solver.value(x) for x in v.k[chosen]),
+                    objective_s=solver.objective_value / TIME_SCALE, bound_s=solver.best_objective_bound / TIME_SCALE,
+                    wall_s=wall_s, variables=n_vars, constraints=n_cons)
