@@ -1,0 +1,86 @@
+"""Repeated layers: find them, group their nodes into ``ir.Block`` values, and name their kinds.
+
+A repeated layer is a child of an ``nn.ModuleList`` (``layers.3``) that is not inside another
+repeated layer, so that a list of experts inside a layer stays part of its layer. Two layers
+are of the same kind when their signatures are equal: the layer's class, its parameters (names
+relative to the layer, shapes, dtypes), and its nodes in order (kind, target, module and
+parameters relative to the layer, which inputs come from inside the layer, shapes, FLOPs, bytes).
+Kinds are named ``{Class}#{k}`` in order of first appearance, e.g. ``Block#0``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from torch import nn
+
+from ..ir import Block, Node, Param
+from .lower import scope_of
+
+OUTSIDE = "<outside>"
+
+
+def repeated_lists(model: nn.Module) -> tuple[tuple[str, nn.ModuleList], ...]:
+    """(path, list) of every outermost ModuleList whose children all hold parameters."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or not len(module):
+            continue
+        if any(path.startswith(outer + ".") for outer, _ in found):
+            continue
+        if all(any(True for _ in child.parameters()) for child in module):
+            found.append((path, module))
+    return tuple(found)
+
+
+def layer_paths(lists: Iterable[tuple[str, nn.ModuleList]]) -> tuple[str, ...]:
+    return tuple(f"{path}.{i}" if path else str(i) for path, layers in lists for i in range(len(layers)))
+
+
+def rebase(name: str, old: str, new: str) -> str | None:
+    """``name`` with the layer prefix ``old`` swapped for ``new``, or None when it is not under ``old``.
+    Names under a layer are its path, ``{old}.sub.module`` or ``{old}/op_i``."""
+    if name == old or name.startswith((old + ".", old + "/")):
+        return new + name[len(old):]
+    return None
+
+
+def _relative(name: str, scope: str) -> str:
+    rel = rebase(name, scope, "")
+    return OUTSIDE if rel is None else rel
+
+
+def _node_signature(node: Node, scope: str) -> tuple:
+    return (node.op, node.target, _relative(node.module_path, scope),
+            tuple(_relative(p, scope) for p in node.params), tuple(_relative(i, scope) for i in node.inputs),
+            node.input_metas, node.outputs, node.flops, node.bytes, node.leaf)
+
+
+def block_signature(scope: str, cls: type, nodes: Sequence[Node], params: Sequence[Param]) -> tuple:
+    """What must be equal for two layers to be of one kind (module docstring)."""
+    return (cls.__qualname__, tuple((_relative(p.name, scope), p.shape, p.dtype) for p in params),
+            tuple(_node_signature(n, scope) for n in nodes))
+
+
+def group_by_layer(nodes: Sequence[Node], layers: Sequence[str]) -> dict[str, list[Node]]:
+    scopes = frozenset(layers)
+    grouped: dict[str, list[Node]] = {layer: [] for layer in layers}
+    for node in nodes:
+        scope = scope_of(node.module_path, scopes)
+        if scope:
+            grouped[scope].append(node)
+    return grouped
+
+
+def build_blocks(nodes: Sequence[Node], params: Sequence[Param], layers: Sequence[str],
+                 classes: Sequence[type]) -> tuple[Block, ...]:
+    """One Block per layer path (in order), with kinds shared by structurally equal layers."""
+    grouped = group_by_layer(nodes, layers)
+    kinds: dict[tuple, str] = {}
+    blocks = []
+    for index, (layer, cls) in enumerate(zip(layers, classes)):
+        own = [p for p in params if rebase(p.name, layer, "") is not None]
+        signature = block_signature(layer, cls, grouped[layer], own)
+        kind = kinds.setdefault(signature, f"{cls.__name__}#{len(kinds)}")
+        blocks.append(Block(name=layer, kind=kind, index=index, nodes=tuple(n.name for n in grouped[layer]),
+                            params=tuple(p.name for p in own)))
+    return tuple(blocks)

@@ -1,0 +1,130 @@
+"""Run torch.export (non-strict) on a meta copy of the model, with untraceable modules as leaves.
+
+The steps: copy the model onto the meta device without touching its weights (a deep copy whose
+memo maps every parameter and buffer to an empty meta tensor of the same shape), export it on a
+(batch, seq) token input whose two sizes are dynamic, and, when tracing fails inside a module
+whose class has a leaf rule, make that class a leaf and try again. A failure anywhere else becomes
+an ``UnsupportedModelError`` naming the module where it happened.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+from ..ir import UnsupportedModelError
+from .leaves import Leaf, LeafRule, patch_leaves, qualname, rule_of
+
+_NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exported:
+    program: ExportedProgram
+    leaves: Mapping[str, Leaf]  # module path -> the leaf standing for it
+    model: nn.Module  # the meta copy that was traced
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy on the meta device; the weights themselves are never read or copied."""
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for buf in model.buffers():
+        memo[id(buf)] = torch.empty_like(buf, device="meta")
+    for module in model.modules():  # plain tensor attributes (caches, tables) too
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and id(value) not in memo:
+                memo[id(value)] = torch.empty_like(value, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def example_sizes(batch: int, seq_len: int, max_seq_len: int | None) -> tuple[int, int]:
+    """Example sizes for export: at least 2 (torch specializes sizes 0 and 1), and batch != seq so
+    that the two never share a symbol; within the model's max_seq_len when it has one."""
+    seq = max(2, min(seq_len, max_seq_len) if max_seq_len else seq_len)
+    b = max(2, batch)
+    return (b + 1 if b == seq else b), seq
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[io.StringIO]:
+    """While export runs: torch logs, and prints to stderr, the partial graph of a failed trace, which
+    the frontend handles (a leaf) or explains (UnsupportedModelError). Hold both back; the caller
+    passes the held stderr on when the trace succeeds."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield held
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _module_stack(err: BaseException, paths: Mapping[int, str]) -> list[str]:
+    """Module paths on the failing call stack, outermost first, from the traceback's frames."""
+    stack: list[str] = []
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        tb = err.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            path = paths.get(id(owner))
+            if path is not None and (not stack or stack[-1] != path):
+                stack.append(path)
+            tb = tb.tb_next
+        err = err.__cause__ or err.__context__
+    return stack
+
+
+def _unsupported(err: Exception, path: str, module: nn.Module) -> UnsupportedModelError:
+    summary = " ".join(str(err).strip().splitlines()[:1])[:300] or type(err).__name__
+    cls = qualname(type(module))
+    where = f"module {path!r} ({cls})" if path else f"the model's own forward ({cls})"
+    return UnsupportedModelError(
+        f"cannot trace {where} on the meta device: {type(err).__name__}: {summary}. meshplan traces with "
+        "torch.export (non-strict) on meta tensors, so a forward must not branch on tensor values or make "
+        "shapes from them (e.g. `if x.sum() > 0`, `.item()`, `.tolist()`, `nonzero`). Rewrite that part "
+        f"(torch.cond, static shapes), or keep the module whole with a leaf rule: "
+        f"trace(model, leaf_rules={{{cls!r}: LeafRule(op=..., cost=...)}}).")
+
+
+def _export_once(model: nn.Module, tokens: torch.Tensor) -> ExportedProgram:
+    dynamic = ({0: Dim.AUTO, 1: Dim.AUTO},)
+    with _quiet() as held:
+        program = torch.export.export(model, (tokens,), dynamic_shapes=dynamic, strict=False)
+    sys.stderr.write(held.getvalue())
+    return program
+
+
+def export_meta(model: nn.Module, *, batch: int, seq: int, rules: Mapping[str, LeafRule]) -> Exported:
+    """Export a meta copy of ``model`` on (batch, seq) tokens, making leaves of failing ruled modules."""
+    copied = meta_copy(model)
+    paths = {id(m): p for p, m in copied.named_modules()}
+    modules = dict(copied.named_modules())
+    tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    leaf_classes: frozenset[str] = frozenset()
+    while True:
+        leaves = patch_leaves(copied, leaf_classes, rules)
+        try:
+            return Exported(program=_export_once(copied, tokens), leaves=leaves, model=copied)
+        except Exception as err:  # noqa: BLE001 - every failure becomes an UnsupportedModelError
+            stack = _module_stack(err, paths) or [""]
+            ruled = [rule_of(modules[p], rules) for p in reversed(stack) if p]
+            new = [found[0] for found in ruled if found is not None and found[0] not in leaf_classes]
+            if not new:
+                raise _unsupported(err, stack[-1], modules[stack[-1]]) from None
+            leaf_classes = leaf_classes | {new[0]}

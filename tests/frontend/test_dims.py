@@ -1,0 +1,51 @@
+"""Dimensions from a config without tracing, and from the graph of a model with real weights."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from meshplan import ir, zoo
+from meshplan.frontend import dims_of, trace
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "moe-tiny", "mixtral-8x7b"])
+def test_dims_of_reads_the_config(build, name):
+    cfg = zoo.config(name)
+    dims = dims_of(build(name, layers=2))
+    assert (dims.family, dims.hidden, dims.heads, dims.kv_heads, dims.ffn_hidden, dims.vocab, dims.experts,
+            dims.top_k) == (cfg.family, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn_hidden, cfg.vocab,
+                            cfg.experts, cfg.top_k)
+    assert dims.layers == 2
+
+
+def test_dims_of_without_config_says_to_trace():
+    with pytest.raises(ir.UnsupportedModelError, match="trace"):
+        dims_of(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "moe-tiny"])
+def test_real_weights_are_untouched_and_dims_inferred_without_config(name):
+    torch.manual_seed(0)
+    model = zoo.build(name)  # real CPU weights
+    config = model.config
+    del model.config  # the frontend must read the dimensions off the graph
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    graph = trace(model, batch=2, seq_len=16)
+    assert graph.dims == dims_of(type("M", (), {"config": config})())
+    assert graph.param_count == sum(p.numel() for p in model.parameters())
+    for n, p in model.named_parameters():  # same tensors, same device, same values
+        assert id(p) == ids[n] and p.device.type == "cpu"
+        torch.testing.assert_close(p.detach(), before[n])
+    assert not [m for m in model.modules() if "forward" in vars(m)]  # no leaf patch left behind
+    x = torch.randint(0, config.vocab, (2, 16))
+    assert model(x).shape == (2, 16, config.vocab)  # still runs, MoE routing included
+
+
+def test_dims_reject_a_config_missing_required_fields():
+    model = copy.copy(torch.nn.Linear(2, 2))
+    model.config = {"hidden": 8}
+    with pytest.raises(ir.UnsupportedModelError, match=r"lacks \['layers', 'heads', 'vocab'\]"):
+        dims_of(model)
