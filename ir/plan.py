@@ -128,10 +128,11 @@ class Plan:
         return len(self.recompute)
 
     def summary(self) -> str:
-        rc = sorted(set(self.recompute))
+        counts = {r: self.recompute.count(r) for r in Recompute if r in self.recompute}
+        rc = "none" if set(counts) <= {Recompute.NONE} else (
+            next(iter(counts)) if len(counts) == 1 else ", ".join(f"{n} {r}" for r, n in counts.items()))
         return (f"{self.mesh}, zero-{self.zero_stage}{', sp' if self.sequence_parallel else ''}, "
-                f"micro-batch {self.micro_batch_size} x {self.num_microbatches}, "
-                f"recompute {'/'.join(rc) if rc else 'none'}"
+                f"micro-batch {self.micro_batch_size} x {self.num_microbatches}, recompute {rc}"
                 + (f", {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.mesh.pp > 1 else ""))
 
     # ---- JSON -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
-from ..ir import Graph, InfeasibleError, Mesh, Plan, Prediction, Recompute, SolverInfo
+from ..ir import Graph, InfeasibleError, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo
 from . import ilp
 from .layouts import param_layouts
 from .space import Candidate, candidates, check_fixed, explain_empty
@@ -107,6 +107,24 @@ def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tup
                    all_pinned=_all_pinned(fixed))
 
 
+def _fit(req: Request, cand: Candidate, selective: int, full: int) -> Plan:
+    """The plan with the ILP's recompute counts, re-estimated by the cost model. The ILP's per-layer
+    deltas are linear; where the cost model is not exactly additive the estimate can land a little over
+    the limit, so recompute more layers (selective to full first) until it fits or nothing is left."""
+    layers = req.graph.dims.layers
+    while True:
+        plan = _plan_of(req, cand, recompute_list(layers, selective, full))
+        plan = plan.with_prediction(estimate(req.graph, req.cluster, plan))
+        pred = plan.prediction
+        pinned = (req.fixed or {}).get("recompute")
+        if pred.peak_memory_bytes <= pred.memory_limit_bytes or full == layers or pinned:
+            return plan
+        if selective:
+            selective, full = selective - 1, full + 1
+        else:
+            full += 1
+
+
 def _all_pinned(fixed: dict[str, Any]) -> bool:
     return {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
 
@@ -116,8 +134,7 @@ def _finish(req: Request, found: list, *, n_candidates: int, n_pruned: int, t_co
     layers = req.graph.dims.layers
     plans = []
     for cand, sol in found:
-        plan = _plan_of(req, cand, recompute_list(layers, *sol.recompute_layers))
-        plans.append(plan.with_prediction(estimate(req.graph, req.cluster, plan)))
+        plans.append(_fit(req, cand, *sol.recompute_layers))
     best_cand, best_sol = found[0]
     alternatives = tuple(_alternative(plans[0], p) for p in plans[1:])
     info = SolverInfo(status="EVALUATED" if all_pinned else best_sol.status,
@@ -168,7 +185,10 @@ def gpus_that_fit(req: Request) -> int:
     """The smallest whole number of nodes (doubling) on which some candidate fits in memory."""
     nodes = req.cluster.nodes * 2
     while nodes <= 4096:
-        bigger = req.cluster.resized(nodes=nodes)
+        try:
+            bigger = Cluster.preset(req.cluster.name, nodes=nodes, gpus_per_node=req.cluster.gpus_per_node)
+        except PlanError:
+            return 0  # not a preset: no way to say what a bigger one would be
         fixed = {k: v for k, v in (req.fixed or {}).items() if k not in ("dp", "tp", "micro_batch", "num_microbatches")}
         world = bigger.world_size
         batch = world * -(-req.global_batch // world)  # divisible by every dp that divides the world

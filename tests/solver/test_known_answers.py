@@ -1,0 +1,65 @@
+"""Cases where an expert knows the right plan."""
+from __future__ import annotations
+
+import pytest
+
+import meshplan as mp
+from meshplan import ir
+
+
+def test_small_model_on_many_gpus_gets_data_parallelism() -> None:
+    plan = mp.autoparallelize("gpt2-small", "h100-sxm:2x8", global_batch=256, seq_len=1024)
+    assert plan.mesh.tp == 1 and plan.mesh.dp == 16
+    assert plan.prediction.peak_memory_bytes <= plan.prediction.memory_limit_bytes
+
+
+def test_70b_on_8_gpus_is_sharded_never_plain_dp() -> None:
+    # 70B x 16 bytes of mixed-precision Adam state is 1.1 TB: 16 H200s (141 GB) hold it only when sharded
+    found = mp.plans("llama3-70b", "h200:2x8", global_batch=64, seq_len=4096, top=5)
+    for plan in found:
+        assert plan.mesh.tp > 1 or plan.zero_stage == 3, plan.summary()
+        assert plan.prediction.peak_memory_bytes <= plan.prediction.memory_limit_bytes
+
+
+def test_memory_tight_case_turns_recompute_on() -> None:
+    plan = mp.autoparallelize("llama3-8b", "h100-sxm:1x8", global_batch=16, seq_len=8192,
+                              fixed={"tp": 1, "micro_batch": 2})
+    loose = mp.autoparallelize("gpt2-small", "h100-sxm:1x8", global_batch=8, seq_len=1024)
+    assert any(r != ir.Recompute.NONE for r in plan.recompute), plan.report()
+    assert all(r == ir.Recompute.NONE for r in loose.recompute), loose.report()
+
+
+def test_too_big_model_says_what_would_fit() -> None:
+    with pytest.raises(ir.InfeasibleError) as err:
+        mp.autoparallelize("llama3-405b", "h100-sxm:1x8", global_batch=8, seq_len=8192)
+    msg = str(err.value)
+    assert "needs" in msg and "GB per GPU at best" in msg and "use at least" in msg and "GPUs" in msg
+
+
+def test_everything_pinned_evaluates_that_plan() -> None:
+    fixed = {"tp": 2, "dp": 4, "zero": 3, "sp": True, "micro_batch": 2, "recompute": "full"}
+    plan = mp.autoparallelize("llama3-8b", "h100-sxm:1x8", global_batch=16, seq_len=4096, fixed=fixed)
+    assert (plan.mesh.tp, plan.mesh.dp, plan.zero_stage, plan.sequence_parallel, plan.micro_batch_size) == \
+        (2, 4, 3, True, 2)
+    assert set(plan.recompute) == {ir.Recompute.FULL} and plan.solver.status == "EVALUATED"
+
+
+def test_bad_pins_are_explained() -> None:
+    with pytest.raises(ir.PlanError, match=r"unknown choice\(s\) \['tpp'\]"):
+        mp.autoparallelize("gpt-tiny", "cpu:1x4", global_batch=8, seq_len=16, fixed={"tpp": 2})
+    with pytest.raises(ir.InfeasibleError, match="global batch 6 must divide by dp"):
+        mp.autoparallelize("gpt-tiny", "cpu:1x4", global_batch=6, seq_len=16, fixed={"tp": 1})
+
+
+def test_same_input_same_plan() -> None:
+    a = mp.autoparallelize("llama3-8b", "h100-sxm:2x8", global_batch=64, seq_len=4096)
+    b = mp.autoparallelize("llama3-8b", "h100-sxm:2x8", global_batch=64, seq_len=4096)
+    assert a.to_dict() | {"solver": None} == b.to_dict() | {"solver": None}
+
+
+def test_report_and_explain_are_strings_with_the_numbers() -> None:
+    found = mp.plans("llama3-8b", "h100-sxm:1x8", global_batch=32, seq_len=4096, top=3)
+    text = found[0].report()
+    assert "memory per GPU" in text and "binding constraint" in text and "MFU" in text
+    assert len(found) >= 2
+    assert "#2:" in found[0].explain() and "slower" in found[0].explain()
