@@ -1,0 +1,110 @@
+"""Time of one NCCL-style collective over a group of ranks, costed on the tiers it crosses.
+
+Per nccl-tests ``doc/PERFORMANCE.md`` (a0b82b22), a collective over n ranks of per-rank link
+bandwidth B takes, for S bytes (the full array: recvcount*n for all-gather, sendcount*n for
+reduce-scatter, the whole buffer of a rank for all-to-all)::
+
+    all-reduce      S/B * 2(n-1)/n          reduce-scatter, all-gather, all-to-all   S/B * (n-1)/n
+    send-recv       S/B                     broadcast                                 S/B
+
+plus a latency term ``alpha * steps`` with ceil(log2 n) steps (2x for all-reduce: NCCL picks a
+tree, depth log2 n, when latency dominates).
+
+Where a group lives: ranks are numbered with tp innermost, then cp, dp, pp (``ir.plan``), so a
+group is ``group_size`` ranks spaced ``stride`` apart. Tier i connects ``domain_size`` consecutive
+ranks; ``min(n, D_i // stride)`` members of the group share one tier-i domain. A group that
+spans domains is costed hierarchically, in phases from the inside out (2D/hierarchical
+all-reduce): phase i runs over k_i = members(i) / members(i-1) ranks on tier i, on data shrunk
+by the members of the phases inside it:
+
+    all-gather / reduce-scatter   phase_i = S / prod_{j<i} k_j * (k_i - 1)/k_i / B_i
+    all-reduce                    2x that (reduce-scatter, then all-gather)
+    all-to-all                    phase_i = S * (prod_{j<=i} k_j - prod_{j<i} k_j)/n / B_i
+
+The phases are pipelined, not sequential: NCCL cuts the data into chunks that flow through the
+NVLink and network hops of its rings at the same time (one ring per NIC), so the slowest phase
+sets the time, ``max_i phase_i``. Check: a multi-node all-reduce on DGX A100 (8 x 200 Gb/s HDR
+per node) gives busbw = 2(n-1)/n S / t -> min(0.8 * 300, 8 * 0.9 * 25) = 180 GB/s here, against
+"we measure 192GB/s AllReduce BusBW" (NVIDIA/nccl issue #812); summing the phases would give 109.
+
+B_i is the tier's per-GPU bandwidth times the achievable factor of its kind (``hardware.py``):
+every GPU has its own NIC (rail-optimized DGX/HGX), so groups that run side by side do not share it.
+"""
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from functools import lru_cache
+
+from .hardware import Cluster, Tier
+
+
+class Collective(StrEnum):
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    SEND_RECV = "send-recv"
+    BROADCAST = "broadcast"
+
+
+_BUS_FACTOR = {
+    Collective.ALL_REDUCE: lambda n: 2.0 * (n - 1) / n,
+    Collective.ALL_GATHER: lambda n: (n - 1) / n,
+    Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
+    Collective.ALL_TO_ALL: lambda n: (n - 1) / n,
+    Collective.SEND_RECV: lambda n: 1.0,
+    Collective.BROADCAST: lambda n: 1.0,
+}
+
+
+def bus_bytes(kind: str, nbytes: float, group_size: int) -> float:
+    """Bytes each rank moves on its link: S times the nccl-tests bus-bandwidth factor."""
+    if group_size <= 1:
+        return 0.0
+    return nbytes * _BUS_FACTOR[Collective(kind)](group_size)
+
+
+@lru_cache(maxsize=4096)
+def group_phases(group_size: int, stride: int, cluster: Cluster) -> tuple[tuple[Tier, float], ...]:
+    """The tiers a group of ``group_size`` ranks ``stride`` apart crosses, inner first, each with
+    the number of ranks k_i that phase runs over (their product is ``group_size``)."""
+    phases: list[tuple[Tier, float]] = []
+    inner = 1
+    last = len(cluster.tiers) - 1
+    for i, tier in enumerate(cluster.tiers):
+        within = group_size if i == last else min(group_size, max(1, tier.domain_size // max(stride, 1)))
+        if within > inner:
+            phases.append((tier, within / inner))
+            inner = within
+    return tuple(phases)
+
+
+def _latency_s(phases: tuple[tuple[Tier, float], ...], steps_factor: float) -> float:
+    return sum(t.latency_s * steps_factor * math.ceil(math.log2(k)) for t, k in phases if k > 1)
+
+
+def collective_time(kind: str, nbytes: float, group_size: int, stride: int, cluster: Cluster) -> float:
+    """Seconds for one collective of ``nbytes`` (nccl-tests' S) over ``group_size`` ranks ``stride``
+    apart. A send-recv is between a rank and the one ``stride`` away (pass group_size=2)."""
+    kind = Collective(kind)
+    if group_size <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == Collective.SEND_RECV:
+        tier = group_phases(2, stride, cluster)[-1][0]
+        return nbytes / tier.achievable_Bps + tier.latency_s
+    phases = group_phases(group_size, stride, cluster)
+    if kind == Collective.BROADCAST:
+        slowest = min(t.achievable_Bps for t, _ in phases)
+        return nbytes / slowest + _latency_s(phases, 1.0)
+    slowest, inner = 0.0, 1.0
+    for tier, k in phases:
+        if kind == Collective.ALL_TO_ALL:
+            phase_s = nbytes * (inner * k - inner) / group_size / tier.achievable_Bps
+        else:
+            phase_s = nbytes / inner * (k - 1) / k / tier.achievable_Bps
+        slowest = max(slowest, phase_s)
+        inner *= k
+    if kind == Collective.ALL_REDUCE:
+        return 2.0 * slowest + _latency_s(phases, 2.0)
+    return slowest + _latency_s(phases, 1.0)

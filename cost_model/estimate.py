@@ -1,0 +1,172 @@
+"""``estimate(graph, cluster, plan)``: the step time and the memory per GPU of a plan.
+
+Step time, with m micro-batches, p pipeline ranks, t_r the time of one micro-batch (forward,
+backward and recomputation, with the TP/EP/CP communication inside it and the per-micro-batch
+ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
+
+    step = m * max_r t_r                      compute + in-layer exposed communication
+         + bubble(schedule, p, v, max_r t_r)  pipeline.py
+         + m * v * 2 * send_recv(b*s*h)       pipeline activations forward and gradients backward,
+                                              exposed per micro-batch (Narayanan 2021 sec. 4.1)
+         + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
+         + optimizer step                     data_parallel.optimizer_step_s, reported in "compute"
+
+``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. FLOPs per GPU are the
+step's FLOPs (flops.py) over the world; MFU divides the model FLOP/s per GPU by the dense peak of
+the plan's dtype (PaLM's definition, no recomputation counted), the hardware FLOP/s counts it.
+Memory is the most loaded GPU (footprint.py).
+
+Speed: everything that depends only on the graph is summarized once per graph (summary.py), layer
+and collective costs are cached by shape, and pipeline ranks with the same layers are timed once,
+so that a call costs tens of microseconds after the first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.errors import InvalidPlanError
+from ..ir.graph import Graph, ModelDims
+from ..ir.plan import Plan, Prediction
+from .collectives import collective_time
+from .data_parallel import DataParallelCost, data_parallel_cost, optimizer_step_s, rank_params
+from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
+from .footprint import peak_memory
+from .hardware import Cluster
+from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
+from .memory import ACTIVATION_BYTES, STATE_BYTES
+from .pipeline import RankLayers, bubble_s, rank_layers
+from .summary import ModelSummary, summary_of
+
+FAMILIES = ("tp", "cp", "ep", "pp", "dp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTime:
+    compute_s: float  # per micro-batch
+    comm_s: float  # exposed, per micro-batch
+    optimizer_s: float
+    dp: DataParallelCost
+    tp_cp_ep_bytes: dict[str, float]  # per micro-batch
+
+    @property
+    def microbatch_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
+    """Raise if the plan does not fit the cluster or the model (with the arithmetic)."""
+    m = plan.mesh
+    if plan.world_size != cluster.world_size:
+        raise InvalidPlanError(f"pp({m.pp}) * dp({m.dp}) * cp({m.cp}) * tp({m.tp}) = {plan.world_size} != "
+                               f"{cluster.world_size} GPUs of {cluster.spec}")
+    if plan.dtype not in STATE_BYTES:
+        raise InvalidPlanError(f"dtype {plan.dtype!r} is not one of {sorted(STATE_BYTES)}")
+    cluster.accelerator.peak(plan.dtype)
+    if plan.recompute and len(plan.recompute) != dims.layers:
+        raise InvalidPlanError(f"recompute has {len(plan.recompute)} entries but the model has {dims.layers} layers")
+    if plan.stages and plan.stages[-1][1] != dims.layers:
+        raise InvalidPlanError(f"stages cover {plan.stages[-1][1]} layers but the model has {dims.layers}")
+    if dims.heads % m.tp:
+        raise InvalidPlanError(f"tp({m.tp}) must divide heads({dims.heads}): "
+                               f"{dims.heads} % {m.tp} = {dims.heads % m.tp}")
+    if m.ep > 1 and dims.family != "moe":
+        raise InvalidPlanError(f"ep({m.ep}) > 1 needs a mixture-of-experts model; this one is {dims.family!r}")
+    if m.ep > 1 and dims.experts % m.ep:
+        raise InvalidPlanError(f"ep({m.ep}) must divide experts({dims.experts}): {dims.experts} % {m.ep} = "
+                               f"{dims.experts % m.ep}")
+
+
+def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, summary: ModelSummary,
+               cluster: Cluster, plan: Plan) -> RankTime:
+    n = layers.layers
+    fwd = n * layer.fwd_compute_s
+    bwd = n * layer.bwd_compute_s + layers.full * layer.fwd_compute_s + layers.selective * layer.core_fwd_s
+    comm = n * (layer.fwd_comm_s + layer.bwd_comm_s) + layers.full * layer.fwd_comm_s
+    moved = {k: n * (layer.comm_bytes_fwd[k] + layer.comm_bytes_bwd[k]) + layers.full * layer.comm_bytes_fwd[k]
+             for k in ("tp", "cp", "ep")}
+    if edge is not None:
+        fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
+        moved["tp"] += edge.comm_bytes_fwd["tp"]
+    params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep)
+    dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
+                            microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd)
+    opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage)
+    return RankTime(compute_s=fwd + bwd, comm_s=comm + dp.per_microbatch_s, optimizer_s=opt, dp=dp,
+                    tp_cp_ep_bytes=moved)
+
+
+def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: LayerShape,
+                ranks: tuple[RankLayers, ...]) -> list[RankTime]:
+    layer = layer_cost(shape, cluster)
+    seen: dict[tuple, RankTime] = {}
+    for r in ranks:
+        key = (r.none, r.selective, r.full, r.first, r.last)
+        if key not in seen:
+            edge = edge_cost(shape, cluster, first=r.first, last=r.last) if (r.first or r.last) else None
+            seen[key] = _rank_time(r, layer, edge, summary, cluster, plan)
+    return list(seen.values())
+
+
+def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[float, float]:
+    """(exposed seconds, bytes sent per GPU) of pipeline send/recv per step."""
+    m = plan.mesh
+    if m.pp <= 1:
+        return 0.0, 0.0
+    act = (plan.micro_batch_size * plan.seq_len / m.cp * summary.dims.hidden * ACTIVATION_BYTES[plan.dtype]
+           / (m.tp if plan.sequence_parallel else 1))
+    transfers = plan.num_microbatches * plan.vp * 2  # activation forward, its gradient backward
+    return transfers * collective_time("send-recv", act, 2, m.dp * m.cp * m.tp, cluster), transfers * act
+
+
+def estimate(graph: Graph, cluster: Cluster, plan: Plan) -> Prediction:
+    """Predicted step time and per-GPU memory of ``plan`` for ``graph`` on ``cluster``.
+    ``plan.prediction`` is ignored."""
+    summary = summary_of(graph)
+    dims = summary.dims
+    check_plan(dims, cluster, plan)
+    mesh, m = plan.mesh, plan.num_microbatches
+    shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
+                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype)
+    ranks = rank_layers(plan, dims.layers)
+    times = _rank_times(summary, cluster, plan, shape, ranks)
+    slowest = max(times, key=lambda t: t.microbatch_s)
+    p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
+    compute = m * slowest.compute_s + max(t.optimizer_s for t in times)
+    exposed = m * slowest.comm_s + p2p_s + max(t.dp.per_step_s for t in times)
+    bubble = bubble_s(plan.schedule, mesh.pp, plan.vp, slowest.microbatch_s)
+    step = compute + exposed + bubble
+    memory = peak_memory(summary, plan, ranks)
+    time_s = {"compute": compute, "exposed_comm": exposed, "bubble": bubble}
+    return _prediction(dims, cluster, plan, ranks, step, time_s, memory, _comm_bytes(times, m, p2p_bytes))
+
+
+def _comm_bytes(times: list[RankTime], microbatches: int, p2p_bytes: float) -> dict[str, float]:
+    out = {k: microbatches * max(t.tp_cp_ep_bytes[k] for t in times) for k in ("tp", "cp", "ep")}
+    out["pp"] = p2p_bytes
+    out["dp"] = max(t.dp.bus_bytes for t in times)
+    return {k: out[k] for k in FAMILIES}
+
+
+def _prediction(dims: ModelDims, cluster: Cluster, plan: Plan, ranks: tuple[RankLayers, ...], step_s: float,
+                time_s: dict[str, float], memory: dict[str, float], comm_bytes: dict[str, float]) -> Prediction:
+    world = plan.world_size
+    model_flops = model_flops_per_step(dims, plan.global_batch, plan.seq_len)
+    full = sum(r.full for r in ranks)
+    selective = sum(r.selective for r in ranks)
+    recompute_flops = (full * layer_forward_flops(dims, plan.global_batch, plan.seq_len)
+                       + selective * attention_core_flops(dims, plan.global_batch, plan.seq_len))
+    hw_flops = model_flops + recompute_flops
+    model_per_gpu = model_flops / world / step_s
+    return Prediction(step_time_s=step_s, tokens_per_s=plan.global_batch * plan.seq_len / step_s,
+                      model_tflops_per_gpu=model_per_gpu / 1e12,
+                      hardware_tflops_per_gpu=hw_flops / world / step_s / 1e12,
+                      mfu=model_per_gpu / cluster.accelerator.peak(plan.dtype),
+                      peak_memory_bytes=sum(memory.values()), memory_bytes=memory, time_s=time_s,
+                      memory_limit_bytes=cluster.accelerator.usable_memory_bytes, comm_bytes=comm_bytes)
+
+
+def memory_breakdown(graph: Graph, cluster: Cluster, plan: Plan) -> dict[str, float]:
+    """Bytes of the most loaded GPU by kind: params, grads, optimizer, activations, buffers."""
+    summary = summary_of(graph)
+    check_plan(summary.dims, cluster, plan)
+    return peak_memory(summary, plan, rank_layers(plan, summary.dims.layers))

@@ -1,0 +1,96 @@
+"""Peak memory of each GPU of a plan, and the largest of them.
+
+For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amount)::
+
+    params + grads + optimizer   ZeRO over the dp*cp replicas (memory.state_bytes), dense and expert
+    activations                  sum over its layers of the per-layer bytes x micro-batches in flight
+                                 (pipeline.inflight_microbatches), plus one layer rematerialized
+                                 during the backward when it recomputes, plus on the last rank the
+                                 logits and loss of one micro-batch (all of them under GPipe)
+    buffers                      communication buffers (TP gather outputs, pipeline send/recv,
+                                 expert all-to-all, ring-attention K/V, FSDP unsharded layers), the
+                                 optimizer step's temporaries where they exceed the freed
+                                 activations, and an allowance for the caching allocator
+
+Never under-estimate: where unsure, round up. The allocator allowance is ALLOCATOR_FRACTION of
+everything else: PyTorch's caching allocator rounds blocks up (to 2 MiB segments for large
+tensors) and fragments as activations of different sizes come and go; a 10% gap between reserved
+and allocated memory is common in torch.cuda.memory_summary() of LLM training (engineering
+allowance, not a measurement). Foreach Adam allocates a temporary the size of its fp32 state shard
+(``torch._foreach_sqrt(exp_avg_sq)``), counted once while the activations are freed.
+"""
+from __future__ import annotations
+
+from ..ir.plan import Plan, Schedule
+from .data_parallel import rank_params
+from .flops import kv_width
+from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
+from .pipeline import RankLayers, inflight_microbatches
+from .summary import ModelSummary
+
+ALLOCATOR_FRACTION = 0.10
+KEYS = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers) -> float:
+    d, mesh = summary.dims, plan.mesh
+    common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=mesh.tp, sp=plan.sequence_parallel,
+                  cp=mesh.cp, dtype=plan.dtype)
+    per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+    inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
+    total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
+    if layers.full:
+        total += per["none"] - per["full"]  # the layer being rematerialized in the backward
+    elif layers.selective:
+        total += per["none"] - per["selective"]
+    if layers.last:
+        kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=mesh.tp,
+                                       cp=mesh.cp, dtype=plan.dtype)
+        held = plan.num_microbatches if plan.schedule == Schedule.GPIPE and mesh.pp > 1 else 1
+        total += held * kept + transient
+    return total
+
+
+def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float) -> float:
+    d, mesh, ab = summary.dims, plan.mesh, ACTIVATION_BYTES[plan.dtype]
+    act = plan.micro_batch_size * plan.seq_len / mesh.cp * d.hidden * ab
+    total = 0.0
+    if mesh.tp > 1:
+        total += 2 * act  # gathered / all-reduced activations in flight
+    if mesh.pp > 1:
+        total += 2 * plan.vp * act / (mesh.tp if plan.sequence_parallel else 1)  # send + receive
+    if d.family == "moe" and mesh.ep > 1:
+        total += 2 * act * d.top_k  # dispatch + combine
+    if mesh.cp > 1:
+        total += 2 * 2 * plan.micro_batch_size * plan.seq_len * kv_width(d) / mesh.tp * ab  # K,V and their grads
+    param_b, grad_b, _ = STATE_BYTES[plan.dtype]
+    if plan.zero_stage == 3:
+        total += bucket_params * (2 * param_b + grad_b)  # current + prefetched layer, unsharded grads
+    elif plan.zero_stage == 2:
+        total += bucket_params * grad_b
+    return total
+
+
+def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers) -> dict[str, float]:
+    """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
+    mesh = plan.mesh
+    params = rank_params(summary, layers, mesh.tp, mesh.ep)
+    replicas = mesh.dp * mesh.cp
+    dense = state_bytes(params.dense, dp=replicas, zero_stage=plan.zero_stage, dtype=plan.dtype)
+    expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=plan.dtype)
+    states = {k: dense[k] + expert[k] for k in dense}
+    activations = _activations(summary, plan, layers)
+    buffers = _comm_buffers(summary, plan, params.bucket)
+    optimizer_temp = states["optimizer"] / STATE_BYTES[plan.dtype][2] * 4.0
+    buffers += max(0.0, optimizer_temp - activations - buffers)
+    buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)
+    return {**states, "activations": activations, "buffers": buffers}
+
+
+def peak_memory(summary: ModelSummary, plan: Plan, ranks: tuple[RankLayers, ...]) -> dict[str, float]:
+    """The memory of the most loaded GPU. Ranks with the same layers differ only in micro-batches in
+    flight, which never grow with the rank, so the first rank of each kind is the one to check."""
+    firsts: dict[tuple, RankLayers] = {}
+    for r in ranks:
+        firsts.setdefault((r.none, r.selective, r.full, r.first, r.last), r)
+    return max((rank_memory(summary, plan, r) for r in firsts.values()), key=lambda m: sum(m.values()))

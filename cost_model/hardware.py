@@ -1,0 +1,204 @@
+"""Hardware values: an accelerator, the tiers of the interconnect, and a cluster of them.
+
+A cluster is ``nodes x gpus_per_node`` accelerators. Its interconnect is a tuple of tiers from the
+inside out; a tier connects ``domain_size`` consecutive ranks (8 for an NVLink node, 72 for an NVL72
+rack, every rank for the network) at ``bandwidth_Bps`` per GPU and per direction, the nominal link
+rate that bounds NCCL's bus bandwidth (``busbw``, nccl-tests ``doc/PERFORMANCE.md``: "should reflect
+the speed of the hardware bottleneck").
+
+Nominal is not achievable. One factor per kind of tier turns one into the other
+(``BUS_EFFICIENCY``), never a factor per benchmark:
+
+* scale-up (NVLink/NVSwitch, xGMI, ICI): 0.80. NCCL's maintainer: "450GB/s is the line rate. With
+  the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s"
+  (NVIDIA/nccl-tests issue #212, S. Jeaugey, 2024) -> 370/450 = 0.82, rounded down.
+* scale-out (InfiniBand, RoCE, DCN): 0.90. "you should get ... 24GB/s inter-node" on 200 Gb/s HDR
+  = 25 GB/s (NVIDIA/nccl issue #412) and "On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards
+  and we measure 192GB/s AllReduce BusBW" (NVIDIA/nccl issue #812, quoted in #1576) -> 0.96,
+  rounded down to 0.90 for congestion at scale.
+* shared-memory (gloo between CPU processes): 1.0; the cpu preset's numbers are already effective
+  placeholders, to be replaced by ``meshplan calibrate``.
+
+Everything here is a frozen value; nothing queries the machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..ir.errors import InvalidClusterError
+
+DTYPES = ("float32", "bfloat16", "float16", "float8")
+
+
+class TierKind(StrEnum):
+    SCALE_UP = "scale-up"
+    SCALE_OUT = "scale-out"
+    SHARED_MEMORY = "shared-memory"
+
+
+BUS_EFFICIENCY = {TierKind.SCALE_UP: 0.80, TierKind.SCALE_OUT: 0.90, TierKind.SHARED_MEMORY: 1.0}
+
+
+def _positive(owner: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidClusterError(f"{owner}: {name} must be a positive number, got {value!r}")
+
+
+def _fraction(owner: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InvalidClusterError(f"{owner}: {name} must be a fraction in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Accelerator:
+    """One GPU (or TPU chip, or CPU process): peaks, memory, and how close kernels get to them.
+
+    ``matmul_efficiency[dtype]`` is the Maximum Achievable Matmul FLOPS over the dense peak (MAMF,
+    S. Bekman, ml-engineering ``compute/accelerator``); ``attention_efficiency`` the same for the
+    fused attention kernel; ``memory_efficiency`` the achievable fraction of HBM bandwidth for
+    elementwise kernels; ``kernel_overhead_s`` a fixed cost per kernel (launch, ramp and tail), which
+    is what makes small matmuls less efficient than large ones (see ``kernels.py``).
+    """
+
+    name: str
+    peak_flops: dict[str, float]  # dtype -> dense FLOP/s
+    matmul_efficiency: dict[str, float]  # dtype -> achievable fraction of peak_flops[dtype]
+    memory_bytes: float
+    reserved_bytes: float  # CUDA context, NCCL communicators, library workspaces: never usable
+    memory_bw_Bps: float
+    memory_efficiency: float
+    attention_efficiency: float
+    kernel_overhead_s: float
+    compute_units: int  # SMs (NVIDIA), CUs (AMD), matrix units (TPU): tiles of one wave
+    matmul_tile_elems: int  # output elements of one matmul tile (256 x 128 on NVIDIA)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        who = f"accelerator {self.name!r}"
+        object.__setattr__(self, "peak_flops", dict(self.peak_flops))
+        object.__setattr__(self, "matmul_efficiency", dict(self.matmul_efficiency))
+        if not self.peak_flops:
+            raise InvalidClusterError(f"{who}: peak_flops is empty; give at least one of {DTYPES}")
+        for dtype, flops in self.peak_flops.items():
+            if dtype not in DTYPES:
+                raise InvalidClusterError(f"{who}: peak_flops has unknown dtype {dtype!r}; expected among {DTYPES}")
+            _positive(who, f"peak_flops[{dtype!r}]", flops)
+        if set(self.matmul_efficiency) != set(self.peak_flops):
+            raise InvalidClusterError(f"{who}: matmul_efficiency covers {sorted(self.matmul_efficiency)} but "
+                                      f"peak_flops covers {sorted(self.peak_flops)}; give one per dtype")
+        for dtype, eff in self.matmul_efficiency.items():
+            _fraction(who, f"matmul_efficiency[{dtype!r}]", eff)
+        for name in ("memory_bytes", "memory_bw_Bps", "compute_units", "matmul_tile_elems"):
+            _positive(who, name, getattr(self, name))
+        for name in ("memory_efficiency", "attention_efficiency"):
+            _fraction(who, name, getattr(self, name))
+        if not 0 <= self.reserved_bytes < self.memory_bytes:
+            raise InvalidClusterError(f"{who}: reserved_bytes({self.reserved_bytes:.3g}) must be in "
+                                      f"[0, memory_bytes({self.memory_bytes:.3g}))")
+        if not self.kernel_overhead_s >= 0:
+            raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
+        # hashed once: the cost model's caches key on the cluster thousands of times per solve
+        object.__setattr__(self, "_hash", hash((
+            self.name, tuple(sorted(self.peak_flops.items())), tuple(sorted(self.matmul_efficiency.items())),
+            self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
+            self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        return self.memory_bytes - self.reserved_bytes
+
+    def peak(self, dtype: str) -> float:
+        """Dense FLOP/s in ``dtype``; a dtype the accelerator has no peak for is an error."""
+        if dtype not in self.peak_flops:
+            listed = ", ".join(sorted(self.peak_flops))
+            raise InvalidClusterError(f"{self.name} has no {dtype} peak (it lists {listed}); "
+                                      f"train in one of those dtypes or pick another cluster")
+        return self.peak_flops[dtype]
+
+    def achievable_flops(self, dtype: str) -> float:
+        return self.peak(dtype) * self.matmul_efficiency[dtype]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tier:
+    """One level of the interconnect: ``domain_size`` consecutive ranks, per-GPU one-way bandwidth."""
+
+    name: str
+    kind: TierKind
+    domain_size: int
+    bandwidth_Bps: float  # nominal, per GPU, one direction
+    latency_s: float  # per algorithm step (alpha)
+
+    def __post_init__(self) -> None:
+        who = f"tier {self.name!r}"
+        try:
+            object.__setattr__(self, "kind", TierKind(self.kind))
+        except ValueError:
+            raise InvalidClusterError(f"{who}: kind {self.kind!r} is not one of "
+                                      f"{[str(k) for k in TierKind]}") from None
+        if isinstance(self.domain_size, bool) or not isinstance(self.domain_size, int) or self.domain_size < 1:
+            raise InvalidClusterError(f"{who}: domain_size must be a positive integer, got {self.domain_size!r}")
+        _positive(who, "bandwidth_Bps", self.bandwidth_Bps)
+        if not self.latency_s >= 0:
+            raise InvalidClusterError(f"{who}: latency_s must be >= 0, got {self.latency_s!r}")
+
+    @property
+    def achievable_Bps(self) -> float:
+        return self.bandwidth_Bps * BUS_EFFICIENCY[self.kind]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """``nodes x gpus_per_node`` accelerators joined by ``tiers`` (inner to outer)."""
+
+    accelerator: Accelerator
+    nodes: int
+    gpus_per_node: int
+    tiers: tuple[Tier, ...]
+    name: str = "custom"
+    spec: str = field(default="")
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for key in ("nodes", "gpus_per_node"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidClusterError(f"cluster {self.name!r}: {key} must be a positive integer, got {v!r}")
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        if not self.tiers:
+            raise InvalidClusterError(f"cluster {self.name!r}: needs at least one interconnect tier")
+        last = 0
+        for tier in self.tiers:
+            if tier.domain_size < last:
+                raise InvalidClusterError(f"cluster {self.name!r}: tiers must go from inner to outer, but "
+                                          f"{tier.name!r} reaches {tier.domain_size} ranks < {last} of the tier inside")
+            last = tier.domain_size
+        if last < self.world_size:
+            raise InvalidClusterError(f"cluster {self.name!r}: the outermost tier {self.tiers[-1].name!r} reaches "
+                                      f"{last} ranks but the cluster has {self.nodes} * {self.gpus_per_node} = "
+                                      f"{self.world_size}")
+        if not self.spec:
+            object.__setattr__(self, "spec", f"{self.name}:{self.nodes}x{self.gpus_per_node}")
+        object.__setattr__(self, "_hash", hash((self.accelerator, self.nodes, self.gpus_per_node, self.tiers,
+                                                self.name, self.spec)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1, gpus_per_node: int | None = None) -> "Cluster":
+        """A cluster from a preset data file, e.g. ``Cluster.preset("h100-sxm", nodes=16)``."""
+        from .catalog import load_preset
+
+        return load_preset(name, nodes=nodes, gpus_per_node=gpus_per_node)
+
+    def __str__(self) -> str:
+        return self.spec

@@ -1,0 +1,72 @@
+"""Time of one kernel on one accelerator: a roofline, wave quantization and a fixed cost per kernel.
+
+A matmul ``(m, k) @ (k, n)`` takes::
+
+    t = max(2*m*n*k / (peak[dtype] * matmul_efficiency[dtype] * W/(W + 1/2)),
+            (m*k + k*n + m*n) * bytes / (memory_bw * memory_efficiency)) + kernel_overhead
+
+* ``matmul_efficiency`` is the Maximum Achievable Matmul FLOPS over the peak, measured at the best
+  shape (MAMF), where every SM is busy to the last wave.
+* Wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide", sections on tile and
+  wave quantization, with A100's 108 SMs and 256x128 tiles as the example): the output is cut
+  into tiles computed one per SM; W = m*n / (tile * SMs) waves, and the last, partial wave leaves
+  SMs idle. Averaged over shapes half a wave is lost, hence W/(W + 1/2): a matmul of one wave runs
+  at 2/3 of MAMF, one of ten waves at 95%. When the output is too small for one wave, cuBLAS
+  splits k (split-K) into chunks of ``SPLIT_K`` to fill the SMs, up to one wave.
+* The memory side of the roofline binds when the arithmetic intensity m*n*k/(mk+kn+mn) falls under
+  the ridge peak/bandwidth (~300 FLOP/byte on H100): thin matmuls run at memory speed.
+* The fixed cost per kernel (launch, ramp-up, tail) matters for small matmuls only.
+
+Together these make smaller matmuls less efficient than larger ones, with no per-model constant.
+
+The backward of a matmul is two matmuls of the same FLOPs with the shapes permuted: the input
+gradient ``(m, n) @ (n, k)`` and the weight gradient ``(k, m) @ (m, n)``.
+
+Fused attention (FlashAttention, Dao 2023; PyTorch SDPA) runs at ``attention_efficiency`` of peak
+and skips the masked half of a causal score matrix; its backward does 5 matmuls to the forward's 2
+(it recomputes the scores), hence 2.5x the forward time.
+"""
+from __future__ import annotations
+
+from .hardware import Accelerator
+
+
+SPLIT_K = 2048
+
+
+def wave_efficiency(accel: Accelerator, m: float, n: float, k: float) -> float:
+    """W / (W + 1/2), W the waves of output tiles over the compute units (split-K up to one wave)."""
+    waves = m * n / (accel.matmul_tile_elems * accel.compute_units)
+    if waves < 1.0:
+        waves = min(1.0, waves * max(1.0, k / SPLIT_K))
+    return waves / (waves + 0.5)
+
+
+def matmul_time_s(accel: Accelerator, dtype: str, m: float, n: float, k: float, elem_bytes: int) -> float:
+    compute_s = 2.0 * m * n * k / (accel.achievable_flops(dtype) * wave_efficiency(accel, m, n, k))
+    memory_s = (m * k + k * n + m * n) * elem_bytes / (accel.memory_bw_Bps * accel.memory_efficiency)
+    return max(compute_s, memory_s) + accel.kernel_overhead_s
+
+
+def matmul_fwd_bwd_s(accel: Accelerator, dtype: str, m: float, n: float, k: float,
+                     elem_bytes: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``(m, k) @ (k, n)``."""
+    fwd = matmul_time_s(accel, dtype, m, n, k, elem_bytes)
+    bwd = (matmul_time_s(accel, dtype, m, k, n, elem_bytes)  # dX = dY (m, n) @ W^T (n, k)
+           + matmul_time_s(accel, dtype, k, n, m, elem_bytes))  # dW = X^T (k, m) @ dY (m, n)
+    return fwd, bwd
+
+
+def memory_time_s(accel: Accelerator, moved_bytes: float, kernels: int) -> float:
+    """Elementwise/normalization kernels that read and write ``moved_bytes`` in total."""
+    return moved_bytes / (accel.memory_bw_Bps * accel.memory_efficiency) + kernels * accel.kernel_overhead_s
+
+
+def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
+                        causal: bool = True) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention core whose forward counts ``counted_flops``
+    (4*b*s_q*s_k*h, causal counted as full)."""
+    compute_dtype = "bfloat16" if dtype == "float8" and "bfloat16" in accel.peak_flops else dtype
+    executed = counted_flops * (0.5 if causal else 1.0)
+    fwd = executed / (accel.peak(compute_dtype) * accel.attention_efficiency) + accel.kernel_overhead_s
+    return fwd, 2.5 * fwd

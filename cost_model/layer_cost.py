@@ -1,0 +1,186 @@
+"""Seconds of one transformer layer for one micro-batch on one GPU, forward and backward.
+
+Per GPU a layer sees m = b * s / cp tokens and 1/tp of every matmul (Megatron-LM's column- then
+row-parallel split, Shoeybi et al. 2019): the matmuls of ``layer_matmuls`` are timed with the
+roofline of ``kernels.py``; the attention core with the fused-attention rate; the rest (norms,
+residual adds, activations, rotary, copies) is memory-bound. Under TP without sequence parallelism
+those memory-bound ops run on the full (m, h) activation on every rank; with SP on 1/tp of it.
+The backward of a memory-bound op reads the saved input and the output gradient and writes the
+input gradient: 2x the forward's bytes.
+
+Exposed communication inside a layer (nothing hides it, as in Megatron without
+``--tp-comm-overlap``):
+
+* TP: 2 all-reduces of m*h per forward and 2 per backward (Narayanan 2021 sec. 3.2); with SP each
+  becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022 sec. 4.2.2).
+  Group: tp ranks, stride 1.
+* EP: an all-to-all to dispatch the k routed copies of each token and one to combine them, per
+  forward and again per backward (Lepikhin et al. 2020, GShard). Group: ep ranks, stride tp.
+* CP: ring attention (Liu et al. 2023) all-gathers K and V of the whole sequence per forward and
+  all-gathers them again plus reduce-scatters their gradients per backward; the transfers overlap
+  the attention core, so only what exceeds it is exposed. Group: cp ranks, stride tp.
+
+A recomputed forward (full recompute) repeats the forward's compute and its communication.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..ir.graph import ModelDims
+from .collectives import bus_bytes, collective_time
+from .flops import attention_core_flops, kv_width
+from .hardware import Cluster
+from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s
+from .memory import ACTIVATION_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerShape:
+    """Everything a layer's time depends on besides the cluster."""
+
+    dims: ModelDims
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    dtype: str = "bfloat16"
+
+    @property
+    def tokens(self) -> float:
+        return self.micro_batch * self.seq_len / self.cp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerCost:
+    fwd_compute_s: float
+    bwd_compute_s: float
+    core_fwd_s: float  # the attention core's forward: what selective recompute repeats
+    fwd_comm_s: float  # exposed TP + EP + CP communication of one forward
+    bwd_comm_s: float
+    comm_bytes_fwd: dict[str, float]  # per family, bytes per GPU of one forward
+    comm_bytes_bwd: dict[str, float]
+
+
+def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], ...]:
+    """(m, n, k, count) of every matmul ``(m, k) @ (k, n)`` of one layer on one GPU."""
+    d, m, t = shape.dims, shape.tokens, shape.tp
+    h, f, hd = d.hidden, d.ffn_hidden, d.hidden // d.heads
+    kv = max(kv_width(d) / t, hd)  # kv heads are replicated when tp > kv_heads
+    mm = [(m, h / t, h, 1), (m, kv, h, 2), (m, h, h / t, 1)]  # wq; wk, wv; wo
+    if d.family == "gpt":
+        mm += [(m, f / t, h, 1), (m, h, f / t, 1)]  # fc1, fc2
+    elif d.family == "llama":
+        mm += [(m, f / t, h, 2), (m, h, f / t, 1)]  # w1, w3; w2
+    else:
+        local_experts = max(d.experts // shape.ep, 1)
+        per_expert = m * d.top_k / local_experts  # balanced routing
+        mm += [(m, d.experts, h, 1),  # router
+               (per_expert, f / t, h, 2 * local_experts), (per_expert, h, f / t, local_experts)]
+    return tuple(mm)
+
+
+def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
+    """(bytes moved, kernels) of the memory-bound ops of one layer's forward on one GPU."""
+    d, m, t, ab = shape.dims, shape.tokens, shape.tp, ACTIVATION_BYTES[shape.dtype]
+    whole = m * d.hidden * ab / (t if shape.sp else 1)  # an (m, h) tensor, sharded by SP only
+    attn = m * d.hidden * ab / t  # an (m, h) tensor inside the TP region
+    kv = m * kv_width(d) * ab / t
+    ffn = m * d.ffn_hidden * ab / t
+    if d.family == "gpt":
+        # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
+        return 4 * whole + 6 * whole + 2 * ffn + 2 * attn, 6
+    # 2 eager RMSNorms (~4 passes each), 2 residual adds, rotary on q and k (~6 passes),
+    # repeat_interleave of k and v, attention-output copy
+    moved = 8 * whole + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn
+    kernels = 8 + 2 + 12 + 2 + 1
+    if d.family == "llama":
+        return moved + 5 * ffn, kernels + 2  # silu (r+w), product (2r+w)
+    routed = d.top_k * m * d.hidden * ab  # the k copies of each token
+    moved += 5 * d.top_k * ffn + 5 * routed + m * d.experts * 10  # experts' silu*up, gather, combine; router
+    return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
+
+
+def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float]:
+    accel, dtype, ab = cluster.accelerator, shape.dtype, ACTIVATION_BYTES[shape.dtype]
+    fwd = bwd = 0.0
+    for m, n, k, count in layer_matmuls(shape):
+        f, b = matmul_fwd_bwd_s(accel, dtype, m, n, k, ab)
+        fwd, bwd = fwd + count * f, bwd + count * b
+    d = shape.dims
+    core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
+    core_f, core_b = attention_fwd_bwd_s(accel, dtype, core_flops)
+    moved, kernels = elementwise_fwd(shape)
+    mem_f = memory_time_s(accel, moved, kernels)
+    mem_b = memory_time_s(accel, 2 * moved, 2 * kernels)
+    return fwd + core_f + mem_f, bwd + core_b + mem_b, core_f
+
+
+def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float) -> tuple[float, float, dict, dict]:
+    d, ab, tp, cp, ep = shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp, shape.cp, shape.ep
+    act = shape.tokens * d.hidden * ab
+    if shape.sp:
+        tp_s = 2 * (collective_time("all-gather", act, tp, 1, cluster)
+                    + collective_time("reduce-scatter", act, tp, 1, cluster))
+        tp_b = 2 * (bus_bytes("all-gather", act, tp) + bus_bytes("reduce-scatter", act, tp))
+    else:
+        tp_s, tp_b = 2 * collective_time("all-reduce", act, tp, 1, cluster), 2 * bus_bytes("all-reduce", act, tp)
+    ep_s = ep_b = 0.0
+    if d.family == "moe" and ep > 1:
+        routed = act * d.top_k
+        ep_s, ep_b = 2 * collective_time("all-to-all", routed, ep, tp, cluster), 2 * bus_bytes("all-to-all", routed, ep)
+    kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.hidden // d.heads) * ab
+    cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
+    cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
+    cp_fwd = max(0.0, cp_ag - core_fwd_s)
+    cp_bwd = max(0.0, cp_ag + cp_rs - 2.5 * core_fwd_s)
+    cp_b = bus_bytes("all-gather", kv_all, cp)
+    fwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b}
+    bwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b + bus_bytes("reduce-scatter", kv_all, cp)}
+    return tp_s + ep_s + cp_fwd, tp_s + ep_s + cp_bwd, fwd_bytes, bwd_bytes
+
+
+@lru_cache(maxsize=8192)
+def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
+    """Forward and backward seconds of one layer for one micro-batch on one GPU."""
+    fwd_s, bwd_s, core_s = _compute_s(shape, cluster)
+    fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_s)
+    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_s, fwd_comm_s=fwd_comm,
+                     bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
+
+
+@lru_cache(maxsize=1024)
+def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -> LayerCost:
+    """The embedding (first pipeline rank) and the output layer with the loss (last rank).
+
+    Embedding: a gather of m rows (plus the position add for GPT), vocab-parallel under TP, so its
+    output is all-reduced (reduce-scattered with SP). Output: the final norm, the logits matmul
+    ``(m, h) @ (h, V/tp)``, and a cross-entropy in fp32 that reads and writes about 18 bytes per
+    logit forward (bf16 read, fp32 upcast, log-softmax) and as many backward; under TP the hidden
+    state is all-gathered (SP) or its gradient all-reduced.
+    """
+    accel, d, ab, tp = cluster.accelerator, shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp
+    m, act = shape.tokens, shape.tokens * shape.dims.hidden * ab
+    whole = act / (tp if shape.sp else 1)
+    kind = "reduce-scatter" if shape.sp else "all-reduce"
+    fwd = bwd = comm_f = comm_b = 0.0
+    tp_bytes = 0.0
+    if first:
+        moved = (3 if d.family == "gpt" else 2) * act
+        fwd += memory_time_s(accel, moved, 2)
+        bwd += memory_time_s(accel, 2 * moved, 2)
+        comm_f += collective_time(kind, act, tp, 1, cluster)
+        tp_bytes += bus_bytes(kind, act, tp)
+    if last:
+        f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
+        logits = m * d.vocab / tp
+        norm = (4 if d.family == "gpt" else 8) * whole
+        fwd += f + memory_time_s(accel, 18 * logits + norm, 6)
+        bwd += b + memory_time_s(accel, 18 * logits + 2 * norm, 8)
+        gather = "all-gather" if shape.sp else "all-reduce"
+        comm_b += collective_time(gather, act, tp, 1, cluster)
+        tp_bytes += bus_bytes(gather, act, tp)
+    return LayerCost(fwd_compute_s=fwd, bwd_compute_s=bwd, core_fwd_s=0.0, fwd_comm_s=comm_f, bwd_comm_s=comm_b,
+                     comm_bytes_fwd={"tp": tp_bytes}, comm_bytes_bwd={})

@@ -1,0 +1,95 @@
+"""Memory per GPU: model states under ZeRO, activations per layer, and what rides on top.
+
+Model states (Rajbhandari et al. 2020, ZeRO, arXiv:1910.02054, sec. 3 and Fig. 1), bytes per
+parameter as (params, grads, optimizer):
+
+* ``bfloat16`` / ``float16`` / ``float8`` mixed precision: (2, 2, K=12): 16-bit weights and grads,
+  fp32 master weights, Adam momentum and variance. 16 bytes per parameter in all.
+* ``float32``: (4, 4, 8): fp32 weights and grads, Adam momentum and variance. Also 16 bytes per
+  parameter; the difference is that activations are fp32 (4 bytes), twice the 16-bit ones.
+
+ZeRO-1 divides the optimizer states by N_d, ZeRO-2 also the gradients, ZeRO-3 also the
+parameters: for Psi = 7.5B and N_d = 64 that is 120, 31.4, 16.6 and 1.9 GB (the paper's Fig. 1).
+
+Activations of one layer (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4), in units of s*b*h
+bytes at 2 bytes per element, split into what tensor parallelism leaves whole (R) and what it
+shards (S), so that per layer ``bytes = s*b*h * (R / (t if sp else 1) + S / t)``:
+
+* R: two norm inputs 4, attention input 2, MLP input 2, two dropout masks 2 (only with dropout;
+  the zoo has none); MoE adds per routed token copy (k of them) the gathered expert input 2 and
+  the expert output 2, and the fp32 router probabilities 4E/h.
+* S: Q 2, K 2, V 2, projection input 2 (K and V at full width even under grouped-query attention,
+  because the zoo repeats them to every head before SDPA, which saves the repeated tensors);
+  rotary embeddings (llama, moe) keep the pre-rotation Q and K, 2 + 2kv/h; the MLP keeps
+  4f/h (GELU: its input and output) or 8f/h (SwiGLU eager: gate, up, silu(gate), product),
+  k*8f/h for MoE.
+* The attention core: without a fused kernel it stores softmax 2as/h, and with dropout also the
+  mask as/h and the dropped-out probabilities 2as/h, i.e. Korthikanti's 5as/h. With
+  SDPA/FlashAttention (our default) that term is absent; the kernel keeps its output 2 and the
+  fp32 log-sum-exp 4a/h instead.
+
+For GPT with dropout, f = 4h and no fused attention this is Korthikanti's table exactly:
+sbh(34 + 5as/h) unsharded, sbh(10 + 24/t + 5as/ht) with TP, sbh/t(34 + 5as/h) with TP+SP.
+Selective recompute drops what the attention core saved; full recompute keeps only the layer input
+2sbh (2sbh/t with SP). Context parallelism divides s by cp in s*b*h.
+"""
+from __future__ import annotations
+
+from ..ir.graph import ModelDims
+from .flops import kv_width
+
+STATE_BYTES = {"bfloat16": (2, 2, 12), "float16": (2, 2, 12), "float8": (2, 2, 12), "float32": (4, 4, 8)}
+ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float8": 2, "float32": 4}
+
+
+def state_bytes(param_count: float, *, dp: int, zero_stage: int, dtype: str = "bfloat16") -> dict[str, float]:
+    """Bytes of params, grads and optimizer states on one GPU holding ``param_count`` parameters
+    replicated over ``dp`` ranks, sharded by ZeRO stage ``zero_stage``."""
+    param_b, grad_b, opt_b = STATE_BYTES[dtype]
+    return {"params": param_b * param_count / (dp if zero_stage >= 3 else 1),
+            "grads": grad_b * param_count / (dp if zero_stage >= 2 else 1),
+            "optimizer": opt_b * param_count / (dp if zero_stage >= 1 else 1)}
+
+
+def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
+                     dropout: bool = False) -> tuple[float, float, float]:
+    """(R, S, core) per layer in units of s*b*h bytes at 2-byte elements (see the module docstring):
+    R is left whole by TP, S is sharded by TP, core is what the attention core alone saves."""
+    h, f, a = dims.hidden, dims.ffn_hidden, dims.heads
+    whole = 8.0 + (2.0 if dropout else 0.0)
+    sharded = 8.0
+    if dims.family != "gpt":
+        sharded += 2.0 + 2.0 * kv_width(dims) / h  # pre-rotary Q and K
+    if dims.family == "gpt":
+        sharded += 4.0 * f / h
+    elif dims.family == "moe":
+        whole += 4.0 * dims.top_k + 4.0 * dims.experts / h
+        sharded += dims.top_k * 8.0 * f / h
+    else:
+        sharded += 8.0 * f / h
+    core = (2.0 + 4.0 * a / h) if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
+    return whole, sharded, core
+
+
+def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+                           cp: int = 1, recompute: str = "none", flash: bool = True, dropout: bool = False,
+                           dtype: str = "bfloat16") -> float:
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU."""
+    sbh = seq_len / cp * micro_batch * dims.hidden * ACTIVATION_BYTES[dtype] / 2.0
+    whole_div = tp if sp else 1
+    if recompute == "full":
+        return sbh * 2.0 / whole_div
+    whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout)
+    if recompute != "selective":
+        sharded += core
+    return sbh * (whole / whole_div + sharded / tp)
+
+
+def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int,
+                 dtype: str = "bfloat16") -> tuple[float, float]:
+    """(kept, transient) bytes of the output layer and loss for one micro-batch: the logits
+    (vocab-parallel, V/tp), their fp32 upcast and log-softmax kept for the backward, and the fp32
+    gradient that exists while the backward runs."""
+    elems = seq_len / cp * micro_batch * dims.vocab / tp
+    kept = elems * (ACTIVATION_BYTES[dtype] + 4.0 + 4.0) if dtype != "float32" else elems * 8.0
+    return kept, elems * 4.0

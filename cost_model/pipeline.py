@@ -1,0 +1,85 @@
+"""Pipeline parallelism: which layers each pipeline rank runs, the bubble, and in-flight micro-batches.
+
+``plan.stages`` lists ``pp * vp`` layer ranges ``[first, last)``; chunk c runs on pipeline rank
+``c % pp`` (Megatron's interleaving). The embedding is on the first chunk (rank 0), the output
+layer and loss on the last.
+
+Bubble as a fraction of the ideal time ``m * t`` (m micro-batches of t seconds each on the slowest
+rank; Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2):
+
+* GPipe and 1F1B (PipeDream-Flush): ``(p - 1) / m``;
+* interleaved 1F1B with v chunks per rank: ``(p - 1) / (v * m)``;
+* zero-bubble: Qi et al. 2023 (arXiv:2401.10241) ZB-H1 splits the backward into input and weight
+  gradients and cuts 1F1B's bubble to about a third, at 1F1B's memory: ``(p - 1) / (3 * m)``.
+
+With uneven stages the slowest rank sets the pace, and we charge its time for every bubble slot
+(an upper bound: the real bubble is the sum of the other ranks' warm-up and cool-down).
+
+Activations in flight (Narayanan sec. 2.2.1; Korthikanti et al. 2022 sec. 4.2.3): under 1F1B and
+ZB-H1 pipeline rank r holds ``min(p - r, m)`` micro-batches, the first rank the most; interleaving
+multiplies that by ``1 + (p - 1)/(p * v)``; GPipe holds all m. Without a pipeline, gradient
+accumulation runs the micro-batches one after another and holds one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..ir.plan import Plan, Schedule
+
+BUBBLE_SHARE = {Schedule.GPIPE: 1.0, Schedule.ONE_F_ONE_B: 1.0, Schedule.INTERLEAVED_1F1B: 1.0,
+                Schedule.ZERO_BUBBLE: 1.0 / 3.0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankLayers:
+    """The layers one pipeline rank runs, counted by recomputation kind."""
+
+    rank: int
+    none: int = 0
+    selective: int = 0
+    full: int = 0
+    first: bool = False  # holds the embedding
+    last: bool = False  # holds the output layer and loss
+
+    @property
+    def layers(self) -> int:
+        return self.none + self.selective + self.full
+
+
+def rank_layers(plan: Plan, layers: int) -> tuple[RankLayers, ...]:
+    """One entry per pipeline rank."""
+    return _rank_layers(plan.mesh.pp, plan.stages or ((0, layers),), plan.recompute or ("none",) * layers)
+
+
+@lru_cache(maxsize=4096)
+def _rank_layers(pp: int, stages: tuple[tuple[int, int], ...], recompute: tuple[str, ...]) -> tuple[RankLayers, ...]:
+    counts = [[0, 0, 0] for _ in range(pp)]
+    for chunk, (first, last) in enumerate(stages):
+        row, part = counts[chunk % pp], recompute[first:last]
+        selective, full = part.count("selective"), part.count("full")
+        row[0] += len(part) - selective - full
+        row[1] += selective
+        row[2] += full
+    last_rank = (len(stages) - 1) % pp
+    return tuple(RankLayers(rank=r, none=c[0], selective=c[1], full=c[2], first=r == 0, last=r == last_rank)
+                 for r, c in enumerate(counts))
+
+
+def bubble_s(schedule: Schedule, pp: int, vp: int, slowest_microbatch_s: float) -> float:
+    """Idle time of the pipeline per step, given the slowest rank's time per micro-batch."""
+    if pp <= 1:
+        return 0.0
+    return BUBBLE_SHARE[Schedule(schedule)] * (pp - 1) / vp * slowest_microbatch_s
+
+
+def inflight_microbatches(schedule: Schedule, pp: int, vp: int, microbatches: int, rank: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak."""
+    if pp <= 1:
+        return 1.0
+    if schedule == Schedule.GPIPE:
+        return float(microbatches)
+    held = float(min(pp - rank, microbatches))
+    if schedule == Schedule.INTERLEAVED_1F1B:
+        held *= 1.0 + (pp - 1) / (pp * vp)
+    return held

@@ -1,0 +1,58 @@
+"""Activation memory per layer against Korthikanti et al. 2022 (arXiv:2205.05198) sec. 4 / table 2."""
+from __future__ import annotations
+
+import pytest
+
+from meshplan import ir
+from meshplan.cost_model import layer_activation_bytes, logits_bytes
+
+# (hidden, heads, layers, seq, micro-batch, tp): their 22B and 175B configurations (table 3)
+CONFIGS = [(6144, 64, 48, 2048, 4, 8), (12288, 96, 96, 2048, 1, 8)]
+
+
+def _gpt(h: int, a: int, layers: int) -> ir.ModelDims:
+    return ir.ModelDims(family="gpt", layers=layers, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=51200)
+
+
+@pytest.mark.parametrize("h, a, layers, s, b, t", CONFIGS)
+def test_korthikanti_table_with_dropout_and_unfused_attention(h, a, layers, s, b, t) -> None:
+    dims, sbh = _gpt(h, a, layers), s * b * h
+    act = lambda **kw: layer_activation_bytes(dims, seq_len=s, micro_batch=b, flash=False, dropout=True, **kw)
+    assert act() == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert act(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert act(tp=t, sp=True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert act(tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert act(tp=t, sp=True, recompute="selective") == pytest.approx(34 * sbh / t)
+    assert act(recompute="full") == pytest.approx(2 * sbh)
+    assert act(tp=t, sp=True, recompute="full") == pytest.approx(2 * sbh / t)
+
+
+@pytest.mark.parametrize("h, a, layers, s, b, t", CONFIGS)
+def test_fused_attention_drops_the_5as2b_term(h, a, layers, s, b, t) -> None:
+    dims, sbh = _gpt(h, a, layers), s * b * h
+    flash = layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=t, sp=True, dropout=True)
+    # the kernel keeps its output (2sbh) and fp32 log-sum-exp (4abs) instead of 5as^2b
+    assert flash == pytest.approx(sbh / t * (34 + 2 + 4 * a / h))
+    assert flash < layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=t, sp=True, dropout=True, flash=False)
+
+
+def test_generalized_ffn_gqa_and_dtype() -> None:
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                         vocab=128256)
+    mha = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=14336,
+                       vocab=128256)
+    kw = dict(seq_len=4096, micro_batch=1)
+    assert layer_activation_bytes(llama, **kw) < layer_activation_bytes(mha, **kw)  # smaller pre-rotary K
+    sbh = 4096 * 4096
+    # R = 8 (norms, inputs), S = 8 (q, k, v, proj input) + 2 + 2*kv/h (pre-rotary q, k) + 8f/h + 2 + 4a/h
+    expect = sbh * (8 + 8 + 2 + 2 * 1024 / 4096 + 8 * 14336 / 4096 + 2 + 4 * 32 / 4096)
+    assert layer_activation_bytes(llama, **kw) == pytest.approx(expect)
+    assert layer_activation_bytes(llama, dtype="float32", **kw) == pytest.approx(2 * expect)
+    assert layer_activation_bytes(llama, cp=2, **kw) == pytest.approx(expect / 2)
+
+
+def test_logits_are_fp32_and_vocab_parallel() -> None:
+    dims = _gpt(4096, 32, 32)
+    kept, grad = logits_bytes(dims, seq_len=2048, micro_batch=2, tp=4, cp=1)
+    elems = 2048 * 2 * 51200 / 4
+    assert kept == pytest.approx(elems * (2 + 4 + 4)) and grad == pytest.approx(elems * 4)
