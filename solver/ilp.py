@@ -7,28 +7,34 @@ Data, per candidate ``c`` (a mesh, ZeRO stage, sequence parallelism and micro-ba
     m_c       peak memory per GPU with no recomputation              (KiB)
     dt_c^r    extra step time per layer recomputed with policy r     (µs),  r ∈ {sel, full}
     dm_c^r    memory saved per layer recomputed with policy r        (KiB)
-    L         layers;   M  memory per GPU
+    L_c       layers per pipeline rank (the most loaded);   M  memory per GPU
 
 Variables:
 
     y_c ∈ {0, 1}            candidate c is chosen
-    k_c^r ∈ {0, …, L}       layers of candidate c recomputed with policy r
+    k_c^r ∈ {0, …, L_c}     layers of each pipeline rank of candidate c recomputed with policy r
 
 Constraints:
 
     Σ_c y_c = 1                                            (add_choose_one)
-    Σ_r k_c^r ≤ L · y_c                                     (add_layer_budget)
+    Σ_r k_c^r ≤ L_c · y_c                                   (add_layer_budget)
     m_c·y_c − Σ_r dm_c^r·k_c^r ≤ M·y_c                      (add_memory_limit)
-    k_c^r = L·y_c   where the user pinned recompute = r      (add_pinned_recompute)
+    k_c^r = L_c·y_c   where the user pinned recompute = r    (add_pinned_recompute)
 
 Objective (add_objective):
 
     min Σ_c ( t_c·y_c + Σ_r dt_c^r·k_c^r )
 
-Time and memory are additive over layers in the cost model when the pipeline depth is one (one
-micro-batch in flight), so the program is exact for it; the chosen plan is then re-estimated by
-the cost model with its actual per-layer recompute list, and that estimate is what the plan
-reports. Costs are scaled to integers (µs and KiB) because CP-SAT works on integers.
+Every pipeline rank recomputes the same number of its layers, so the most loaded rank's memory
+and the slowest rank's time (which sets the pipeline's pace) move linearly with ``k``: the program
+is exact for the cost model up to that linearity. The chosen plan is re-estimated by the cost
+model with its actual per-layer recompute list (and more layers recomputed if the estimate lands
+over the limit), and that estimate is what the plan reports. Costs are scaled to integers (µs and
+KiB) because CP-SAT works on integers.
+
+Only a window of candidates enters the program: they are sorted by their time without
+recomputation ``t_c``, a lower bound on their objective, and the window grows until the optimum
+inside it is no worse than the bound of the first candidate left out (``search.py``).
 """
 from __future__ import annotations
 
@@ -48,12 +54,12 @@ class CandidateCost:
     memory_bytes: float
     extra_time_s: tuple[float, float]  # per recomputed layer: selective, full
     saved_bytes: tuple[float, float]  # per recomputed layer: selective, full
+    layers: int  # layers on the most loaded pipeline rank
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Problem:
     costs: tuple[CandidateCost, ...]
-    layers: int
     memory_limit_bytes: float
     pinned_recompute: str | None = None  # "none" | "selective" | "full" | None
     excluded: frozenset[int] = frozenset()  # candidates already returned (for the runners-up)
@@ -89,7 +95,7 @@ def _int(x: float) -> int:
 
 def add_variables(model: cp_model.CpModel, p: Problem) -> _Vars:
     y = [model.new_bool_var(f"y{c}") for c in range(len(p.costs))]
-    k = [[model.new_int_var(0, p.layers, f"k{c}_{r}") for r in POLICIES] for c in range(len(p.costs))]
+    k = [[model.new_int_var(0, cost.layers, f"k{c}_{r}") for r in POLICIES] for c, cost in enumerate(p.costs)]
     return _Vars(y=y, k=k)
 
 
@@ -100,8 +106,8 @@ def add_choose_one(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
 
 
 def add_layer_budget(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
-    for c in range(len(p.costs)):
-        model.add(sum(v.k[c]) <= p.layers * v.y[c])
+    for c, cost in enumerate(p.costs):
+        model.add(sum(v.k[c]) <= cost.layers * v.y[c])
 
 
 def add_memory_limit(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
@@ -114,10 +120,10 @@ def add_memory_limit(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
 def add_pinned_recompute(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     if p.pinned_recompute is None:
         return
-    for c in range(len(p.costs)):
+    for c, cost in enumerate(p.costs):
         for r, policy in enumerate(POLICIES):
             if policy == p.pinned_recompute:
-                model.add(v.k[c][r] == p.layers * v.y[c])
+                model.add(v.k[c][r] == cost.layers * v.y[c])
             else:
                 model.add(v.k[c][r] == 0)
 

@@ -9,6 +9,7 @@ over dp.
 from __future__ import annotations
 
 import fnmatch
+from functools import lru_cache
 
 from ..ir import AXES
 
@@ -24,6 +25,7 @@ TP_RULES: tuple[tuple[str, str], ...] = (
 )
 
 
+@lru_cache(maxsize=65536)
 def tp_placement(name: str) -> str:
     return next(p for pattern, p in TP_RULES if fnmatch.fnmatchcase(name, pattern))
 

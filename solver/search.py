@@ -1,9 +1,15 @@
 """From a graph, a cluster and the user's pins to ranked plans.
 
-Phases: enumerate candidates (``space``), cost each with the cost model at three recompute
-policies, prune those that cannot fit even with full recomputation, solve the integer program
-(``ilp``), re-estimate the winner with its per-layer recompute list, then re-solve with the
-winner's strategy excluded to find the runners-up that ``Plan.explain`` shows.
+Phases, each timed into the plan's solver statistics:
+
+1. enumerate the candidates (``space.py``) and cost each with the cost model without
+   recomputation: a lower bound on its objective;
+2. take a window of the cheapest, cost them with selective and full recomputation, drop those that
+   cannot fit even fully recomputed, and solve the integer program (``ilp.py``) on the rest; grow
+   the window until the optimum inside it is no worse than the bound of the first candidate left
+   out, which proves it optimal over all candidates;
+3. re-estimate the winner with its per-layer recompute list, then re-solve with the winner's
+   strategy excluded for the runners-up that ``Plan.explain`` shows.
 """
 from __future__ import annotations
 
@@ -12,12 +18,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
-from ..ir import Graph, InfeasibleError, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo
+from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo
 from . import ilp
+from .infeasible import infeasible
 from .layouts import param_layouts
-from .space import Candidate, candidates, check_fixed, explain_empty
+from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty
+from .stages import stage_ranges
 
-GB = 1e9
+WINDOW = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,117 +39,160 @@ class Request:
     fixed: dict[str, Any] | None = None
     time_limit_s: float = 30.0
     top: int = 5
+    runtime: frozenset[str] = RUNTIME  # what the runtime executes: the search offers nothing else
 
 
-def _plan_of(req: Request, cand: Candidate, recompute: tuple[Recompute, ...]) -> Plan:
-    names = tuple(p.name for p in req.graph.params)
+def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *, layouts: bool = False) -> Plan:
+    """The plan of a candidate with ``full`` then ``selective`` recomputed layers on every pipeline rank.
+    Parameter layouts (one entry per parameter) are only worked out for the plans returned."""
+    dims = req.graph.dims
+    stages = stage_ranges(dims, cand.pp, cand.vp)
+    names = tuple(p.name for p in req.graph.params) if layouts else ()
     return Plan(model=req.model, cluster=req.cluster.spec, global_batch=req.global_batch, seq_len=req.seq_len,
-                mesh=Mesh(dp=cand.dp, tp=cand.tp), zero_stage=cand.zero, sequence_parallel=cand.sp,
-                micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches, recompute=recompute,
+                mesh=Mesh(pp=cand.pp, dp=cand.dp, cp=cand.cp, tp=cand.tp, ep=cand.ep), zero_stage=cand.zero,
+                sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
+                schedule=cand.schedule, vp=cand.vp, stages=stages,
+                recompute=recompute_list(dims.layers, stages, cand.pp, selective, full),
                 param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp), dtype=req.dtype)
 
 
-def _uniform(req: Request, policy: Recompute) -> tuple[Recompute, ...]:
-    return (policy,) * req.graph.dims.layers
+def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,
+                   full: int) -> tuple[Recompute, ...]:
+    """Per layer: on each pipeline rank, its first ``full`` layers recompute fully, the next
+    ``selective`` selectively (walking the rank's chunks in order), the rest not at all."""
+    out = [Recompute.NONE] * layers
+    chunks = stages or ((0, layers),)
+    for rank in range(pp):
+        mine = [i for c, (a, b) in enumerate(chunks) if c % pp == rank for i in range(a, b)]
+        for j, i in enumerate(mine):
+            out[i] = Recompute.FULL if j < full else Recompute.SELECTIVE if j < full + selective else Recompute.NONE
+    return tuple(out)
 
 
-def cost_candidate(req: Request, cand: Candidate) -> tuple[ilp.CandidateCost, Prediction]:
-    """The cost model at no, selective and full recompute, turned into per-layer deltas."""
-    layers = req.graph.dims.layers
-    p = {r: estimate(req.graph, req.cluster, _plan_of(req, cand, _uniform(req, r))) for r in Recompute}
-    none = p[Recompute.NONE]
-    extra = tuple(max(0.0, (p[r].step_time_s - none.step_time_s) / layers)
-                  for r in (Recompute.SELECTIVE, Recompute.FULL))
-    saved = tuple(max(0.0, (none.peak_memory_bytes - p[r].peak_memory_bytes) / layers)
-                  for r in (Recompute.SELECTIVE, Recompute.FULL))
-    cost = ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
-                             saved_bytes=saved)
-    return cost, none
+def layers_per_rank(stages: tuple[tuple[int, int], ...], pp: int, layers: int) -> int:
+    if not stages:
+        return layers
+    return max(sum(b - a for c, (a, b) in enumerate(stages) if c % pp == r) for r in range(pp))
 
 
-def _min_memory(cost: ilp.CandidateCost, layers: int) -> float:
-    return cost.memory_bytes - layers * max(cost.saved_bytes)
+def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.CandidateCost:
+    """Per-layer deltas of selective and full recomputation, from the cost model at uniform policies."""
+    per_rank = layers_per_rank(stage_ranges(req.graph.dims, cand.pp, cand.vp), cand.pp, req.graph.dims.layers)
+    ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}))
+            for r in ("selective", "full")}
+    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in ("selective", "full"))
+    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank)
+                  for r in ("selective", "full"))
+    return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
+                             saved_bytes=saved, layers=per_rank)
 
 
-def recompute_list(layers: int, selective: int, full: int) -> tuple[Recompute, ...]:
-    """Full recompute on the first layers, then selective, then none (uniform within a pipeline-less plan)."""
-    return ((Recompute.FULL,) * full + (Recompute.SELECTIVE,) * selective
-            + (Recompute.NONE,) * (layers - full - selective))
+def min_memory(cost: ilp.CandidateCost) -> float:
+    return cost.memory_bytes - cost.layers * max(cost.saved_bytes)
+
+
+@dataclass(slots=True)
+class _Search:
+    """What the phases share: the candidates by bound, the costed window, the clock."""
+    req: Request
+    cands: list[Candidate]
+    bounds: list[Prediction]
+    costs: dict[int, ilp.CandidateCost]
+    limit: float
+    start: float
 
 
 def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tuple[Plan, ...]:
     """The best plan first, then up to ``top - 1`` runners-up of other strategies."""
     say = progress or (lambda _msg: None)
-    fixed = check_fixed(req.fixed)
+    fixed = check_fixed(req.fixed, req.runtime)
+    req = replace(req, fixed=fixed)
+    start = time.perf_counter()
+    s = _bounded(req, start)
+    say(f"{len(s.cands)} candidates costed in {time.perf_counter() - start:.2f} s")
+    window, problem, sol = _solve_window(s, fixed, say)
+    found = [(window[sol.candidate], sol)]
+    problem = _exclude(problem, window, window[sol.candidate])
+    while len(found) < max(1, req.top) and req.time_limit_s - (time.perf_counter() - start) > 0:
+        nxt = ilp.solve(problem, time_limit_s=req.time_limit_s - (time.perf_counter() - start))
+        if nxt.candidate < 0:
+            break
+        found.append((window[nxt.candidate], nxt))
+        problem = _exclude(problem, window, window[nxt.candidate])
+    say(f"solved in {time.perf_counter() - start:.2f} s: {found[0][0].describe()} ({sol.status})")
+    return _finish(s, found, fixed)
+
+
+def _bounded(req: Request, start: float) -> _Search:
     dims, cl = req.graph.dims, req.cluster
-    t0 = time.perf_counter()
     cands = candidates(dims, world=cl.world_size, gpus_per_node=cl.gpus_per_node, global_batch=req.global_batch,
-                       seq_len=req.seq_len, fixed=fixed)
+                       seq_len=req.seq_len, fixed=req.fixed, runtime=req.runtime)
     if not cands:
         raise explain_empty(dims, world=cl.world_size, gpus_per_node=cl.gpus_per_node,
-                            global_batch=req.global_batch, fixed=fixed)
-    costed = [(c, *cost_candidate(req, c)) for c in cands]
-    limit = costed[0][2].memory_limit_bytes
-    kept = [(c, cost) for c, cost, _ in costed if _min_memory(cost, dims.layers) <= limit]
-    t_cost = time.perf_counter() - t0
-    say(f"costed {len(cands)} candidates in {t_cost:.2f} s; {len(cands) - len(kept)} cannot fit")
-    if not kept:
-        raise infeasible(req, costed, limit)
-    problem = ilp.Problem(costs=tuple(cost for _, cost in kept), layers=dims.layers, memory_limit_bytes=limit,
-                          pinned_recompute=fixed.get("recompute"))
-    plans = []
-    budget = req.time_limit_s
-    while len(plans) < max(1, req.top) and budget > 0:
-        sol = ilp.solve(problem, time_limit_s=budget)
-        budget -= sol.wall_s
-        if sol.candidate < 0:
-            if not plans:
-                raise infeasible(req, costed, limit, status=sol.status)
-            break
-        cand = kept[sol.candidate][0]
-        plans.append((cand, sol))
-        group = {i for i, (c, _) in enumerate(kept) if c.group == cand.group}
-        problem = replace(problem, excluded=problem.excluded | group)
-        say(f"solution {len(plans)}: {cand.describe()} ({sol.status}, {sol.wall_s:.2f} s)")
-    return _finish(req, plans, n_candidates=len(cands), n_pruned=len(cands) - len(kept), t_cost=t_cost,
-                   all_pinned=_all_pinned(fixed))
+                            global_batch=req.global_batch, fixed=req.fixed)
+    preds = [estimate(req.graph, cl, plan_of(req, c)) for c in cands]
+    order = sorted(range(len(cands)), key=lambda i: (preds[i].step_time_s, i))
+    return _Search(req=req, cands=[cands[i] for i in order], bounds=[preds[i] for i in order], costs={},
+                   limit=preds[0].memory_limit_bytes, start=start)
 
 
-def _fit(req: Request, cand: Candidate, selective: int, full: int) -> Plan:
-    """The plan with the ILP's recompute counts, re-estimated by the cost model. The ILP's per-layer
-    deltas are linear; where the cost model is not exactly additive the estimate can land a little over
-    the limit, so recompute more layers (selective to full first) until it fits or nothing is left."""
-    layers = req.graph.dims.layers
+def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
+    size = WINDOW
     while True:
-        plan = _plan_of(req, cand, recompute_list(layers, selective, full))
+        for i in range(len(s.costs), min(size, len(s.cands))):
+            s.costs[i] = cost_candidate(s.req, s.cands[i], s.bounds[i])
+        kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i]) <= s.limit]
+        if kept:
+            problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
+                                  pinned_recompute=fixed.get("recompute"))
+            left = s.req.time_limit_s - (time.perf_counter() - s.start)
+            sol = ilp.solve(problem, time_limit_s=max(left, 0.5))
+            bound_out = s.bounds[size].step_time_s if size < len(s.cands) else float("inf")
+            if sol.candidate >= 0 and (sol.objective_s <= bound_out or left <= 0):
+                if sol.objective_s > bound_out:
+                    sol = replace(sol, status="FEASIBLE", bound_s=min(sol.bound_s, bound_out))
+                return [s.cands[i] for i in kept], problem, sol
+        if size >= len(s.cands):
+            raise infeasible(s.req, s.cands, s.costs, s.limit)
+        size *= 2
+        say(f"window grows to {min(size, len(s.cands))} candidates")
+
+
+def _exclude(problem: ilp.Problem, window: list[Candidate], cand: Candidate) -> ilp.Problem:
+    group = {i for i, c in enumerate(window) if c.group == cand.group}
+    return replace(problem, excluded=problem.excluded | group)
+
+
+def _fit(req: Request, cand: Candidate, selective: int, full: int, per_rank: int) -> Plan:
+    """The plan with the program's recompute counts, re-estimated by the cost model. The program's
+    per-layer deltas are linear; where the cost model is not exactly additive the estimate can land
+    a little over the limit, so recompute more layers (selective to full first) until it fits."""
+    while True:
+        plan = plan_of(req, cand, selective, full, layouts=True)
         plan = plan.with_prediction(estimate(req.graph, req.cluster, plan))
         pred = plan.prediction
-        pinned = (req.fixed or {}).get("recompute")
-        if pred.peak_memory_bytes <= pred.memory_limit_bytes or full == layers or pinned:
+        if pred.peak_memory_bytes <= pred.memory_limit_bytes or full >= per_rank or req.fixed.get("recompute"):
             return plan
-        if selective:
-            selective, full = selective - 1, full + 1
-        else:
-            full += 1
+        selective, full = (selective - 1, full + 1) if selective else (selective, full + 1)
 
 
-def _all_pinned(fixed: dict[str, Any]) -> bool:
-    return {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
-
-
-def _finish(req: Request, found: list, *, n_candidates: int, n_pruned: int, t_cost: float,
-            all_pinned: bool) -> tuple[Plan, ...]:
-    layers = req.graph.dims.layers
-    plans = []
-    for cand, sol in found:
-        plans.append(_fit(req, cand, *sol.recompute_layers))
-    best_cand, best_sol = found[0]
-    alternatives = tuple(_alternative(plans[0], p) for p in plans[1:])
-    info = SolverInfo(status="EVALUATED" if all_pinned else best_sol.status,
-                      wall_s=t_cost + sum(s.wall_s for _, s in found), gap=best_sol.gap,
-                      candidates=n_candidates, pruned=n_pruned, variables=best_sol.variables,
-                      constraints=best_sol.constraints, binding=binding(plans[0]), alternatives=alternatives)
+def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
+    plans = [_fit(s.req, cand, *sol.recompute_layers, cost_layers(s, cand)) for cand, sol in found]
+    best_sol = found[0][1]
+    evaluated = {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
+    info = SolverInfo(status="EVALUATED" if evaluated else best_sol.status,
+                      wall_s=time.perf_counter() - s.start, gap=best_sol.gap, candidates=len(s.cands),
+                      pruned=len(s.cands) - sum(min_memory(c) <= s.limit for c in s.costs.values()),
+                      variables=best_sol.variables, constraints=best_sol.constraints, binding=binding(plans[0]),
+                      alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]))
     return tuple(replace(p, solver=info if i == 0 else None) for i, p in enumerate(plans))
+
+
+def cost_layers(s: _Search, cand: Candidate) -> int:
+    return layers_per_rank(stage_ranges(s.req.graph.dims, cand.pp, cand.vp), cand.pp, s.req.graph.dims.layers)
+
+
+GB = 1e9
 
 
 def binding(plan: Plan) -> str:
@@ -165,40 +216,3 @@ def _alternative(best: Plan, other: Plan) -> dict[str, Any]:
            if slower > 0 else "equal predicted time; ranked lower by the tie-break")
     return {"summary": other.summary(), "step_time_s": o.step_time_s, "peak_memory_bytes": o.peak_memory_bytes,
             "why": why}
-
-
-def infeasible(req: Request, costed: list, limit: float, status: str = "") -> InfeasibleError:
-    """Name the memory the least hungry strategy needs against what a GPU has, and a GPU count that fits."""
-    layers = req.graph.dims.layers
-    cand, cost, _ = min(costed, key=lambda x: _min_memory(x[1], layers))
-    need = _min_memory(cost, layers)
-    gpus = gpus_that_fit(req)
-    name = req.graph.dims.family if not req.model.get("name") else req.model["name"]
-    hint = f"use at least {gpus} GPUs" if gpus else "no cluster of this kind up to 4096 nodes fits it"
-    return InfeasibleError(
-        f"{name} needs {need / GB:.1f} GB per GPU at best ({cand.describe()}, full recompute) but a "
-        f"{req.cluster.accelerator.name} has {limit / GB:.1f} GB usable on {req.cluster.spec}; {hint}, "
-        "or a smaller global batch or sequence")
-
-
-def gpus_that_fit(req: Request) -> int:
-    """The smallest whole number of nodes (doubling) on which some candidate fits in memory."""
-    nodes = req.cluster.nodes * 2
-    while nodes <= 4096:
-        try:
-            bigger = Cluster.preset(req.cluster.name, nodes=nodes, gpus_per_node=req.cluster.gpus_per_node)
-        except PlanError:
-            return 0  # not a preset: no way to say what a bigger one would be
-        fixed = {k: v for k, v in (req.fixed or {}).items() if k not in ("dp", "tp", "micro_batch", "num_microbatches")}
-        world = bigger.world_size
-        batch = world * -(-req.global_batch // world)  # divisible by every dp that divides the world
-        sub = replace(req, cluster=bigger, global_batch=batch, fixed=fixed)
-        cands = candidates(req.graph.dims, world=bigger.world_size, gpus_per_node=bigger.gpus_per_node,
-                           global_batch=batch, seq_len=req.seq_len, fixed=fixed)
-        smallest = [c for c in cands if c.micro_batch == 1 and c.zero == 3]
-        for cand in smallest:
-            cost, pred = cost_candidate(sub, cand)
-            if _min_memory(cost, req.graph.dims.layers) <= pred.memory_limit_bytes:
-                return bigger.world_size
-        nodes *= 2
-    return 0

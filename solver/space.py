@@ -1,105 +1,162 @@
 """The search space: every strategy the solver may choose, as plain values.
 
-A *candidate* fixes the discrete, non-additive choices — the mesh (tp inside a scale-up domain,
-dp over the rest), the ZeRO stage over dp, sequence parallelism and the micro-batch size. What is
-additive over layers (how many layers recompute, and how) is left to the ILP (``ilp.py``).
+A *candidate* fixes the discrete, non-additive choices: the mesh (pp, dp, cp, tp, ep), the ZeRO
+stage over dp, sequence parallelism, the micro-batch size and count, the pipeline schedule with
+its virtual stages and stage boundaries. What is additive over layers (how many layers of each
+pipeline stage recompute, and how) is left to the integer program (``ilp.py``).
 
-Divisibility rules, so that every candidate is one the runtime can execute:
-``tp`` divides the attention heads, the key/value heads, the FFN width and the vocabulary (column-
-and row-sharded projections split those dims evenly); ``tp`` stays inside one node;
-``micro_batch * num_microbatches * dp = global_batch``.
+Rules, so that every candidate is one the runtime can execute and the topology respects:
+
+* ``tp`` divides heads, key/value heads, FFN width and vocabulary, and stays inside a node;
+  with ``tp > 1`` sequence parallelism is on unless pinned off: it moves the same bytes as plain
+  TP (an all-gather + reduce-scatter per all-reduce) and stores ``1/tp`` of the norm and dropout
+  activations (Korthikanti et al. 2022, sec. 4.2.2), so plain TP never wins on our cost model.
+* ``cp`` splits the sequence; a rank keeps at least ``MIN_CP_TOKENS`` tokens.
+* ``ep`` divides the experts and ``dp * cp`` (Megatron-Core folds experts inside data parallelism).
+* ``pp * vp <= layers``; interleaving needs the micro-batch count to divide by ``pp``.
+* ``micro_batch * num_microbatches * dp = global_batch``; micro-batches of at most
+  ``MAX_MICRO_BATCH`` sequences unless pinned (larger ones only add activation memory once the
+  matmuls are large enough to run at full efficiency).
+
+``RUNTIME`` names what the runtime executes today; the search offers nothing else.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
-from ..ir import InfeasibleError, ModelDims, PlanError
+from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-ZERO_STAGES = (0, 2, 3)  # what the runtime executes today (ZeRO-1 is planned: issue "runtime")
+RUNTIME = frozenset({"tp", "sp", "zero2", "zero3"})  # grows as the runtime does: "pp", "cp", "ep", "zero1"
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
-MAX_MICROBATCHES = 64
+MAX_MICROBATCHES = 256
+MAX_MICRO_BATCH = 8
+MIN_CP_TOKENS = 1024
+VIRTUAL_STAGES = (2, 4)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
-    tp: int
+    pp: int = 1
     dp: int
+    cp: int = 1
+    tp: int
+    ep: int = 1
     zero: int
     sp: bool
     micro_batch: int
     num_microbatches: int
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    vp: int = 1
 
     @property
-    def group(self) -> tuple[int, int, int, bool]:
-        """Candidates of one group differ only in micro-batching."""
-        return (self.tp, self.dp, self.zero, self.sp)
+    def group(self) -> tuple:
+        """Candidates of one group differ only in micro-batching and schedule."""
+        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.zero, self.sp)
 
     def describe(self) -> str:
-        sp = "+sp" if self.sp else ""
-        return (f"tp={self.tp}{sp} dp={self.dp} zero-{self.zero} "
-                f"micro-batch {self.micro_batch}x{self.num_microbatches}")
+        parts = [f"{a}={getattr(self, a)}" for a in ("pp", "dp", "cp", "tp", "ep") if getattr(self, a) > 1]
+        mesh = " ".join(parts) or "1 GPU"
+        pipe = f" {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.pp > 1 else ""
+        return (f"{mesh}{' +sp' if self.sp else ''} zero-{self.zero} "
+                f"micro-batch {self.micro_batch}x{self.num_microbatches}{pipe}")
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
-def check_fixed(fixed: dict[str, Any] | None) -> dict[str, Any]:
+def zero_stages(runtime: frozenset[str] = RUNTIME) -> tuple[int, ...]:
+    return (0,) + tuple(z for z in (1, 2, 3) if f"zero{z}" in runtime)
+
+
+def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME) -> dict[str, Any]:
     fixed = dict(fixed or {})
     unknown = sorted(set(fixed) - set(FIXED_KEYS))
     if unknown:
         raise PlanError(f"fixed: unknown choice(s) {unknown}; pin among {list(FIXED_KEYS)}")
-    for key in ("pp", "cp", "ep", "vp"):
-        if fixed.get(key, 1) != 1:
-            raise PlanError(f"fixed: {key}={fixed[key]} is not searched yet (only tp, dp, zero, sp, micro-batching "
-                            f"and recompute are); leave {key} unset or 1")
-    if "zero" in fixed and fixed["zero"] not in ZERO_STAGES:
-        raise PlanError(f"fixed: zero={fixed['zero']!r}; the runtime executes ZeRO stages {ZERO_STAGES}")
+    for key in ("pp", "cp", "ep"):
+        if fixed.get(key, 1) != 1 and key not in runtime:
+            raise PlanError(f"fixed: {key}={fixed[key]}, but the runtime cannot execute {key} > 1 yet; "
+                            f"leave {key} unset or 1")
+    if "zero" in fixed and fixed["zero"] not in zero_stages(runtime):
+        raise PlanError(f"fixed: zero={fixed['zero']!r}; the runtime executes ZeRO stages {zero_stages(runtime)}")
     if "recompute" in fixed and fixed["recompute"] not in ("none", "selective", "full"):
         raise PlanError(f"fixed: recompute={fixed['recompute']!r}; expected none, selective or full")
+    if "schedule" in fixed:
+        try:
+            fixed["schedule"] = Schedule(fixed["schedule"])
+        except ValueError:
+            raise PlanError(f"fixed: schedule={fixed['schedule']!r}; expected one of "
+                            f"{[str(s) for s in Schedule]}") from None
     return fixed
 
 
 def tp_degrees(dims: ModelDims, gpus_per_node: int, world: int) -> tuple[int, ...]:
     """tp degrees that shard every projection evenly and stay inside a node."""
-    ok = []
-    for tp in divisors(min(gpus_per_node, world)):
-        if all(x % tp == 0 for x in (dims.heads, dims.kv_heads, dims.ffn_hidden, dims.vocab)) and world % tp == 0:
-            ok.append(tp)
-    return tuple(ok)
+    return tuple(tp for tp in divisors(min(gpus_per_node, world))
+                 if world % tp == 0 and all(x % tp == 0 for x in (dims.heads, dims.kv_heads, dims.ffn_hidden,
+                                                                   dims.vocab)))
+
+
+def _meshes(dims: ModelDims, world: int, gpus_per_node: int, seq_len: int, fixed: dict, runtime: frozenset):
+    """(pp, dp, cp, tp, ep) that multiply to the world and respect the rules above."""
+    for tp in tp_degrees(dims, gpus_per_node, world):
+        if dims.experts and tp > 1 and "moe_tp" not in runtime:
+            continue
+        rest = world // tp
+        cps = [c for c in divisors(rest) if c == 1 or ("cp" in runtime and seq_len // c >= MIN_CP_TOKENS
+                                                       and seq_len % (c * tp) == 0)]
+        for cp in cps:
+            pps = [p for p in divisors(rest // cp) if p == 1 or ("pp" in runtime and p <= dims.layers)]
+            for pp in pps:
+                dp = rest // cp // pp
+                eps = [e for e in divisors(dp * cp) if e == 1 or ("ep" in runtime and dims.experts and dims.experts % e == 0)]
+                for ep in eps:
+                    mesh = dict(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
+                    if all(fixed.get(k, v) == v for k, v in mesh.items()):
+                        yield mesh
+
+
+def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tuple[Schedule, int]]:
+    if pp == 1:
+        return [(Schedule.ONE_F_ONE_B, 1)]
+    out = [(s, 1) for s in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZERO_BUBBLE)]
+    if microbatches % pp == 0:
+        out += [(Schedule.INTERLEAVED_1F1B, v) for v in VIRTUAL_STAGES if pp * v <= layers]
+    return [(s, v) for s, v in out if fixed.get("schedule", s) == s and fixed.get("vp", v) == v]
 
 
 def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch: int, seq_len: int,
-               fixed: dict[str, Any]) -> tuple[Candidate, ...]:
-    """Every candidate allowed by the divisibility rules and the pinned choices."""
+               fixed: dict[str, Any], runtime: frozenset[str] = RUNTIME) -> tuple[Candidate, ...]:
+    """Every candidate allowed by the rules and the pinned choices."""
     out = []
-    for tp in tp_degrees(dims, gpus_per_node, world):
-        dp = world // tp
-        if global_batch % dp or fixed.get("tp", tp) != tp or fixed.get("dp", dp) != dp:
+    for mesh in _meshes(dims, world, gpus_per_node, seq_len, fixed, runtime):
+        if global_batch % mesh["dp"]:
             continue
-        if dims.experts and tp > 1:
-            continue  # MoE blocks run data-parallel only until expert parallelism lands
-        for zero in ZERO_STAGES:
-            if fixed.get("zero", zero) != zero or (zero and dp == 1):
-                continue
-            for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
-                if fixed.get("sp", sp) != sp:
-                    continue
-                out.extend(_micro_batchings(tp, dp, zero, sp, global_batch // dp, fixed))
+        sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 else (False,)
+        if "sp" in fixed:
+            sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
+        zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z and (z == 0 or mesh["dp"] > 1)]
+        for zero, sp in product(zeros, sps):
+            for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
+                for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):
+                    out.append(Candidate(**mesh, zero=zero, sp=sp, micro_batch=mb, num_microbatches=n,
+                                         schedule=schedule, vp=vp))
     return tuple(out)
 
 
-def _micro_batchings(tp: int, dp: int, zero: int, sp: bool, per_rank: int, fixed: dict[str, Any]) -> list[Candidate]:
+def _micro_batchings(per_rank: int, fixed: dict[str, Any]) -> list[tuple[int, int]]:
     out = []
     for mb in divisors(per_rank):
         n = per_rank // mb
-        if n > MAX_MICROBATCHES and "micro_batch" not in fixed:
+        if "micro_batch" not in fixed and (mb > MAX_MICRO_BATCH or n > MAX_MICROBATCHES):
             continue
-        if fixed.get("micro_batch", mb) != mb or fixed.get("num_microbatches", n) != n:
-            continue
-        out.append(Candidate(tp=tp, dp=dp, zero=zero, sp=sp, micro_batch=mb, num_microbatches=n))
+        if fixed.get("micro_batch", mb) == mb and fixed.get("num_microbatches", n) == n:
+            out.append((mb, n))
     return out
 
 
@@ -107,10 +164,9 @@ def explain_empty(dims: ModelDims, *, world: int, gpus_per_node: int, global_bat
                   fixed: dict[str, Any]) -> InfeasibleError:
     """Why no candidate exists at all (before memory is even considered)."""
     tps = tp_degrees(dims, gpus_per_node, world)
-    dps = sorted({world // tp for tp in tps})
     return InfeasibleError(
         f"no strategy divides the work: {world} GPUs allow tp in {list(tps)} (tp must divide heads "
         f"({dims.heads}), kv_heads ({dims.kv_heads}), ffn ({dims.ffn_hidden}) and vocab ({dims.vocab}) and stay "
-        f"within {gpus_per_node} GPUs per node), so dp in {dps}, but the global batch {global_batch} must divide by dp"
-        + (f" and the pinned choices {fixed} must hold" if fixed else "")
-        + "; change the global batch or the GPU count")
+        f"within {gpus_per_node} GPUs per node), and the global batch {global_batch} must divide by dp"
+        + (f"; the pinned choices {fixed} must hold too" if fixed else "")
+        + "; change the global batch, the pins or the GPU count")

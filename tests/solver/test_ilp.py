@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from meshplan.solver import ilp
 
 costs = st.builds(
-    ilp.CandidateCost,
+    ilp.CandidateCost, layers=st.integers(1, 6),
     time_s=st.floats(0.1, 10), memory_bytes=st.floats(1e9, 100e9),
     extra_time_s=st.tuples(st.floats(0.001, 0.2), st.floats(0.01, 0.5)),
     saved_bytes=st.tuples(st.floats(0, 1e9), st.floats(0, 3e9)),
@@ -19,8 +19,8 @@ costs = st.builds(
 def brute_force(p: ilp.Problem) -> float | None:
     best = None
     for c, cost in enumerate(p.costs):
-        for sel, full in itertools.product(range(p.layers + 1), repeat=2):
-            if sel + full > p.layers:
+        for sel, full in itertools.product(range(cost.layers + 1), repeat=2):
+            if sel + full > cost.layers:
                 continue
             mem = cost.memory_bytes - sel * cost.saved_bytes[0] - full * cost.saved_bytes[1]
             if round(mem / 1024) > round(p.memory_limit_bytes / 1024):
@@ -31,22 +31,22 @@ def brute_force(p: ilp.Problem) -> float | None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(costs, min_size=1, max_size=5), st.integers(1, 6), st.floats(5e9, 80e9))
-def test_optimum_equals_brute_force(cost_list, layers, limit) -> None:
-    p = ilp.Problem(costs=tuple(cost_list), layers=layers, memory_limit_bytes=limit)
+@given(st.lists(costs, min_size=1, max_size=5), st.floats(5e9, 80e9))
+def test_optimum_equals_brute_force(cost_list, limit) -> None:
+    p = ilp.Problem(costs=tuple(cost_list), memory_limit_bytes=limit)
     sol = ilp.solve(p, time_limit_s=10)
     expect = brute_force(p)
     if expect is None:
         assert sol.candidate == -1 and sol.status == "INFEASIBLE"
     else:
         assert sol.status == "OPTIMAL" and sol.gap == 0.0
-        assert abs(sol.objective_s - expect) <= 1e-5 * layers * 3 + 1e-5  # µs rounding per term
+        assert abs(sol.objective_s - expect) <= 1e-5 * 6 * 3 + 1e-5  # µs rounding per term
 
 
 def test_memory_tight_problem_turns_recompute_on() -> None:
     fast_but_big = ilp.CandidateCost(time_s=1.0, memory_bytes=90e9, extra_time_s=(0.01, 0.03),
-                                     saved_bytes=(1e9, 3e9))
-    p = ilp.Problem(costs=(fast_but_big,), layers=10, memory_limit_bytes=80e9)
+                                     saved_bytes=(1e9, 3e9), layers=10)
+    p = ilp.Problem(costs=(fast_but_big,), memory_limit_bytes=80e9)
     sol = ilp.solve(p)
     assert sol.candidate == 0
     sel, full = sol.recompute_layers
@@ -56,10 +56,11 @@ def test_memory_tight_problem_turns_recompute_on() -> None:
 
 
 def test_pinned_recompute_and_exclusion() -> None:
-    a = ilp.CandidateCost(time_s=1.0, memory_bytes=10e9, extra_time_s=(0.01, 0.03), saved_bytes=(1e8, 3e8))
-    b = ilp.CandidateCost(time_s=2.0, memory_bytes=10e9, extra_time_s=(0.01, 0.03), saved_bytes=(1e8, 3e8))
-    p = ilp.Problem(costs=(a, b), layers=4, memory_limit_bytes=80e9, pinned_recompute="full")
+    a = ilp.CandidateCost(time_s=1.0, memory_bytes=10e9, extra_time_s=(0.01, 0.03), saved_bytes=(1e8, 3e8), layers=4)
+    b = ilp.CandidateCost(time_s=2.0, memory_bytes=10e9, extra_time_s=(0.01, 0.03), saved_bytes=(1e8, 3e8),
+                          layers=4)
+    p = ilp.Problem(costs=(a, b), memory_limit_bytes=80e9, pinned_recompute="full")
     sol = ilp.solve(p)
     assert sol.candidate == 0 and sol.recompute_layers == (0, 4)
-    sol = ilp.solve(ilp.Problem(costs=(a, b), layers=4, memory_limit_bytes=80e9, excluded=frozenset({0})))
+    sol = ilp.solve(ilp.Problem(costs=(a, b), memory_limit_bytes=80e9, excluded=frozenset({0})))
     assert sol.candidate == 1 and sol.recompute_layers == (0, 0)

@@ -1,0 +1,55 @@
+"""When nothing fits: name the memory the least hungry strategy needs against what a GPU has, and
+the smallest cluster of the same kind (doubling the nodes) on which some strategy fits."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..cost_model import Cluster, estimate
+from ..ir import InfeasibleError, PlanError
+
+if TYPE_CHECKING:
+    from .search import Request
+
+GB = 1e9
+MAX_NODES = 4096
+
+
+def infeasible(req: "Request", cands: list, costs: dict, limit: float) -> InfeasibleError:
+    from .search import min_memory
+
+    i = min(costs, key=lambda j: min_memory(costs[j]))
+    need = min_memory(costs[i])
+    gpus = gpus_that_fit(req)
+    name = req.model.get("name") or req.graph.dims.family
+    hint = f"use at least {gpus} GPUs" if gpus else f"no {req.cluster.name} cluster up to {MAX_NODES} nodes fits it"
+    return InfeasibleError(
+        f"{name} needs {need / GB:.1f} GB per GPU at best ({cands[i].describe()}, full recompute) but a "
+        f"{req.cluster.accelerator.name} has {limit / GB:.1f} GB usable on {req.cluster.spec}; {hint}, "
+        "or a smaller micro-batch or sequence")
+
+
+def gpus_that_fit(req: "Request") -> int:
+    """The GPU count of the smallest cluster (nodes doubling) on which some candidate fits."""
+    from .search import cost_candidate, min_memory, plan_of
+    from .space import candidates
+
+    nodes = req.cluster.nodes * 2
+    pins = {k: v for k, v in (req.fixed or {}).items() if k not in ("dp", "tp", "pp", "num_microbatches")}
+    while nodes <= MAX_NODES:
+        try:
+            bigger = Cluster.preset(req.cluster.name, nodes=nodes, gpus_per_node=req.cluster.gpus_per_node)
+        except PlanError:
+            return 0  # not a preset: no way to say what a bigger one would be
+        world = bigger.world_size
+        batch = world * -(-req.global_batch // world)  # divisible by every dp that divides the world
+        sub = replace(req, cluster=bigger, global_batch=batch, fixed=pins)
+        for cand in candidates(req.graph.dims, world=world, gpus_per_node=bigger.gpus_per_node, global_batch=batch,
+                               seq_len=req.seq_len, fixed=pins, runtime=req.runtime):
+            if cand.micro_batch != 1 or cand.zero not in (0, 3) or cand.schedule not in ("1f1b",):
+                continue
+            none = estimate(req.graph, bigger, plan_of(sub, cand))
+            if min_memory(cost_candidate(sub, cand, none)) <= none.memory_limit_bytes:
+                return world
+        nodes *= 2
+    return 0
