@@ -1,0 +1,115 @@
+"""Put an emitted script together: header, only the imports its steps use, constants, functions, loop."""
+from __future__ import annotations
+
+from types import ModuleType
+
+from .program import DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, TensorParallel
+from .tp_plans import torch_call
+
+INDENT = "    "
+
+
+def imports(program: Program) -> list[str]:
+    """The import lines the program's steps need, stdlib first, then torch, then meshplan."""
+    kinds = {type(s) for s in program.steps}
+    stdlib = ["argparse", "os", "statistics", "time"]
+    if DataParallel in kinds and _accumulates_locally(program):
+        stdlib.append("contextlib")
+    lines = [f"import {m}" for m in sorted(stdlib)] + ["", "import torch", "import torch.distributed as dist"]
+    if any(isinstance(s, Recompute) for s in program.steps):
+        lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, "
+                     "checkpoint_wrapper")
+    lines.append("from torch.distributed.device_mesh import init_device_mesh")
+    if FullyShard in kinds:
+        lines.append("from torch.distributed.fsdp import fully_shard")
+    if ShardOptimizer in kinds:
+        lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
+    lines += _tp_imports(program)
+    if DataParallel in kinds:
+        lines.append("from torch.nn.parallel import DistributedDataParallel")
+    if any(isinstance(s, Recompute) and s.policy == Policy.SELECTIVE for s in program.steps):
+        lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
+    return lines + ["", "import meshplan.zoo"]
+
+
+def _tp_imports(program: Program) -> list[str]:
+    classes, placements = set(), set()
+    for step in program.steps:
+        if not isinstance(step, TensorParallel):
+            continue
+        for _, style in step.plan:
+            cls, kwargs = torch_call(style)
+            classes.add(cls)
+            for _, value in kwargs:
+                if isinstance(value, bool):
+                    continue
+                for layout in value if isinstance(value, tuple) else (value,):
+                    placements.add("Replicate" if layout == "R" else "Shard")
+    if not classes:
+        return []
+    names = sorted(classes) + ["parallelize_module"]
+    return [f"from torch.distributed.tensor import {', '.join(sorted(placements))}",
+            "from torch.distributed.tensor.parallel import (",
+            *_wrap(names, INDENT), ")"]
+
+
+def _wrap(items: list[str], pad: str, width: int = 100) -> list[str]:
+    """``items`` joined by commas over as many lines as ``width`` needs."""
+    lines, line = [], pad
+    for item in items:
+        if len(line) + len(item) + 2 > width and line.strip():
+            lines.append(line.rstrip())
+            line = pad
+        line += f"{item}, "
+    return lines + [line.rstrip()]
+
+
+def config_code(config: dict) -> str:
+    """The model config as a dict literal, wrapped at 100 columns."""
+    items = [f'"{k}": ' + (f'"{v}"' if isinstance(v, str) else repr(v)) for k, v in config.items()]
+    return "{\n" + "\n".join(_wrap(items, INDENT)) + "\n}"
+
+
+def _accumulates_locally(program: Program) -> bool:
+    """Gradients are reduced only after the last micro-batch (plain DP with several micro-batches)."""
+    return program.num_microbatches > 1 and not program.sync_every_microbatch and program.dp_size > 1
+
+
+def micro_step(program: Program, fwd_bwd: list[str]) -> list[str]:
+    """The body of the micro-batch loop, with the gradient-sync control plain DP needs."""
+    pad = INDENT * 3
+    if not _accumulates_locally(program):
+        return [pad + line for line in fwd_bwd]
+    if any(isinstance(s, DataParallel) for s in program.steps):
+        return [pad + "# accumulate gradients locally; all-reduce once, after the last micro-batch",
+                pad + "sync = contextlib.nullcontext() if mb == NUM_MICROBATCHES - 1 else model.no_sync()",
+                pad + "with sync:"] + [pad + INDENT + line for line in fwd_bwd]
+    return [pad + "# accumulate gradients locally; all-reduce once, after the last micro-batch",
+            pad + "model.set_requires_gradient_sync(mb == NUM_MICROBATCHES - 1)"] + [pad + line for line in fwd_bwd]
+
+
+def _parallelize_function(lines: list[str]) -> str:
+    body = [INDENT + line if line else "" for line in lines] or [INDENT + "pass  # one process: nothing to split"]
+    return ("\n\ndef parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:\n"
+            f'{INDENT}"""The plan\'s steps in order: tensor parallelism, activation checkpointing, then data '
+            'parallelism."""\n' + "\n".join(body) + f"\n{INDENT}return model\n")
+
+
+def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType) -> str:
+    """The whole script; ``parts`` is the ``codegen.script`` module of text templates."""
+    header = parts.HEADER.format(name=name, summary=program.plan_summary, world_size=program.mesh.world_size,
+                                 header="\n".join(program.header))
+    config = config_code(program.config)
+    text = [header, "\n".join(imports(program)), parts.CONSTANTS.format(
+        config=config, global_batch=program.global_batch, seq_len=program.seq_len, dp_size=program.dp_size,
+        num_microbatches=program.num_microbatches, micro_batch_size=program.micro_batch_size)]
+    save_ops = {op for s in program.steps if isinstance(s, Recompute) for op in s.save_ops}
+    if save_ops:
+        text.append(parts.SELECTIVE.format(ops="\n".join(f"{INDENT}torch.ops.{op}," for op in sorted(save_ops))))
+    text += [_parallelize_function(sections["parallelize"]), parts.DATA, parts.MAIN_START]
+    main = [INDENT + line for line in sections["mesh"]] + [parts.MAIN_MODEL.rstrip("\n").lstrip("\n")]
+    optimizer = sections["optimizer"] or ["optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)"]
+    main += [INDENT + line for line in optimizer]
+    text.append("\n".join(main))
+    text.append(parts.LOOP.format(micro_step="\n".join(micro_step(program, parts.FORWARD_BACKWARD))).rstrip("\n"))
+    return "".join(t if t.endswith("\n") else t + "\n" for t in text)

@@ -1,0 +1,183 @@
+"""``emit_source(plan) -> str``: print a Program as a readable torchrun script.
+
+The script reads like a torchtitan ``parallelize`` recipe: a ``parallelize(model, mesh)`` function
+that applies the plan's steps top to bottom with public PyTorch calls (``parallelize_module``,
+``checkpoint_wrapper``, ``fully_shard``, ...), then a plain training loop on synthetic tokens.
+Steps that differ only in their layer index print once, as a loop over the layers.
+
+Each step kind has one emitter in ``EMITTERS``; it returns the section the lines go to
+(``mesh``, ``parallelize`` or ``optimizer``) and the lines. ``runtime.interpret.EXECUTORS`` is the
+same table for the in-process back end.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+from ..ir import Plan
+from . import script
+from .assemble import assemble
+from .lower import lower
+from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
+                      TensorParallel)
+from .tp_plans import torch_call
+
+INDENT = "    "
+_LAYER = re.compile(r"^layers\.(\d+)((?:\.[A-Za-z_]\w*)*)$")
+
+
+def layout_code(layout: str) -> str:
+    """``"S(1)"`` -> ``"Shard(1)"``, ``"R"`` -> ``"Replicate()"``."""
+    return "Replicate()" if layout == "R" else layout.replace("S(", "Shard(")
+
+
+def tuple_code(items: list[str]) -> str:
+    """A tuple literal: ``(a, b)``, or ``(a,)`` for one item."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def module_expr(path: str, root: str = "model") -> str:
+    """``"layers.{i}.attn"`` -> ``"model.layers[i].attn"``: numeric parts (and ``{i}``) index."""
+    expr = root
+    for part in filter(None, path.split(".")):
+        if part.isdigit() or part == "{i}":
+            expr += f"[{part.strip('{}')}]"
+        else:
+            expr += f".{part}"
+    return expr
+
+
+def _tp_lines(step: TensorParallel, target: str) -> tuple[str, list[str]]:
+    lines = [f'parallelize_module({target}, mesh["{step.mesh_axis}"], {{']
+    for path, style in step.plan:
+        cls, kwargs = torch_call(style)
+        args = []
+        for key, value in kwargs:
+            if isinstance(value, bool):
+                code = repr(value)
+            else:
+                code = tuple_code([layout_code(v) for v in value]) if isinstance(value, tuple) else layout_code(value)
+            args.append(f"{key}={code}")
+        lines.append(f'{INDENT}"{path}": {cls}({", ".join(args)}),')
+    return "parallelize", lines + ["})"]
+
+
+def _recompute_lines(step: Recompute, target: str) -> tuple[str, list[str]]:
+    extra = ", context_fn=selective_context" if step.policy == Policy.SELECTIVE else ""
+    return "parallelize", [f"{target} = checkpoint_wrapper(",
+                           f"{INDENT}{target}, checkpoint_impl=CheckpointImpl.NO_REENTRANT{extra})"]
+
+
+def _fully_shard_lines(step: FullyShard, target: str) -> tuple[str, list[str]]:
+    mesh = ", ".join(f'"{a}"' for a in step.mesh_axes)
+    return "parallelize", [f"fully_shard({target}, mesh=mesh[{mesh}], "
+                           f"reshard_after_forward={step.reshard_after_forward})"]
+
+
+def _ddp_lines(step: DataParallel, target: str) -> tuple[str, list[str]]:
+    return "parallelize", [f'{target} = DistributedDataParallel({target}, process_group=mesh["{step.mesh_axis}"]'
+                           ".get_group())"]
+
+
+def _shard_optimizer_lines(step: ShardOptimizer, target: str) -> tuple[str, list[str]]:
+    return "optimizer", [
+        "# ZeRO-1: each dp rank keeps the AdamW state of its share of the parameters",
+        "optimizer = ZeroRedundancyOptimizer(",
+        f'{INDENT}model.parameters(), optimizer_class=torch.optim.AdamW, '
+        f'process_group=mesh["{step.mesh_axis}"].get_group(), lr=args.lr)']
+
+
+def _mesh_lines(step: BuildMesh, target: str) -> tuple[str, list[str]]:
+    sizes = tuple_code([str(n) for _, n in step.dims])
+    names = tuple_code([f'"{a}"' for a, _ in step.dims])
+    return "mesh", [f"mesh = init_device_mesh(device.type, {sizes}, mesh_dim_names={names})"]
+
+
+EMITTERS: dict[type, Callable[..., tuple[str, list[str]]]] = {
+    BuildMesh: _mesh_lines, TensorParallel: _tp_lines, Recompute: _recompute_lines,
+    FullyShard: _fully_shard_lines, DataParallel: _ddp_lines, ShardOptimizer: _shard_optimizer_lines,
+}
+
+
+def _comment(step: Step) -> str:
+    """Why the group of steps is there, as the comment above it."""
+    if isinstance(step, TensorParallel):
+        where = "the embedding, final norm and output head" if step.module == "" else "each block"
+        sp = any(str(s.kind) == "sequence_parallel" for _, s in step.plan)
+        return f"# tensor parallelism{' with sequence parallelism' if sp else ''} over tp: {where}"
+    if isinstance(step, Recompute):
+        if step.policy == Policy.FULL:
+            return "# activation checkpointing: recompute the whole block in backward, keep only its input"
+        return "# selective activation checkpointing: recompute the attention core, keep the projections"
+    if isinstance(step, FullyShard):
+        if step.module == "":
+            return ("# the root last: it takes the embedding, final norm and output head, and keeps them gathered "
+                    "(backward needs them first)")
+        if len(step.mesh_axes) == 2:
+            return ("# plain data parallelism over dp, as HSDP with a shard group of 1: replicated parameters, "
+                    "all-reduced gradients")
+        if step.reshard_after_forward:
+            return ("# ZeRO-3 (FSDP): shard parameters, gradients and optimizer state over dp; gather each block's "
+                    "parameters for its forward and again for its backward")
+        return ("# ZeRO-2: shard gradients and optimizer state over dp; keep each block's gathered parameters from "
+                "forward to backward")
+    if isinstance(step, DataParallel):
+        return "# plain data parallelism over dp: replicated parameters, gradients all-reduced"
+    return ""
+
+
+def _layer_template(step: Step) -> tuple[Step, int] | None:
+    """The step with its layer index replaced by ``{i}``, and the index; None if not per layer."""
+    match = _LAYER.match(getattr(step, "module", None) or "")
+    if match is None:
+        return None
+    return dataclasses.replace(step, module="layers.{i}" + match.group(2)), int(match.group(1))
+
+
+def group_steps(steps: tuple[Step, ...]) -> list[tuple[Step, tuple[int, ...] | None]]:
+    """Runs of consecutive steps that differ only in the layer index become one (template, indices)."""
+    groups: list[tuple[Step, tuple[int, ...] | None]] = []
+    for step in steps:
+        templ = _layer_template(step)
+        if templ and groups and groups[-1][1] is not None and groups[-1][0] == templ[0]:
+            groups[-1] = (templ[0], groups[-1][1] + (templ[1],))
+        elif templ:
+            groups.append((templ[0], (templ[1],)))
+        else:
+            groups.append((step, None))
+    return groups
+
+
+def _loop_header(indices: tuple[int, ...]) -> str:
+    contiguous = indices == tuple(range(indices[0], indices[-1] + 1))
+    if contiguous:
+        return f"for i in range({indices[0]}, {indices[-1] + 1}):" if indices[0] else f"for i in range({len(indices)}):"
+    return f"for i in {indices}:"
+
+
+def render_sections(program: Program) -> dict[str, list[str]]:
+    """The lines of each section, loops over layers included, with a comment per group."""
+    sections: dict[str, list[str]] = {"mesh": [], "parallelize": [], "optimizer": []}
+    for step, indices in group_steps(program.steps):
+        target = module_expr(getattr(step, "module", ""))
+        section, lines = EMITTERS[type(step)](step, target)
+        comment = _comment(step)
+        out = sections[section]
+        if comment:
+            out.append(comment)
+        if indices is not None and len(indices) > 1:
+            out.append(_loop_header(indices))
+            out += [INDENT + line for line in lines]
+        else:
+            out += [line.replace("[i]", f"[{indices[0]}]") for line in lines] if indices else lines
+    return sections
+
+
+def emit_source(plan: Plan | Program, *, name: str | None = None) -> str:
+    """A torchrun training script for ``plan`` (or an already lowered Program)."""
+    program = plan if isinstance(plan, Program) else lower(plan)
+    if name is None:
+        config = program.config
+        name = config.get("name") or f"a {config.get('family')} model"
+    return assemble(program, render_sections(program), name, script)

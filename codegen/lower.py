@@ -1,0 +1,146 @@
+"""``lower(plan) -> Program``: choose the parallelization steps a plan asks for, in torchtitan's order.
+
+    BuildMesh                     ("dp", dp) [("dp_shard", 1)] ("tp", tp)
+    TensorParallel(root)          embedding, final norm, output head
+    TensorParallel(layers.i)      attention and MLP of each block
+    Recompute(layers.i[.attn])    activation checkpointing, per layer as plan.recompute says
+    FullyShard(layers.i), (root)  ZeRO-2/3, or HSDP with a shard axis of 1 for plain DP with TP
+    DataParallel(root)            plain DP without TP (DDP)
+    ShardOptimizer                ZeRO-1 (with DDP)
+
+Why this order (torchtitan, ``models/llama3/parallelize.py``): tensor parallelism first, because
+it replaces parameters with DTensors on the tp mesh that FSDP then shards further over dp (2-D
+parallelism); activation checkpointing next, because it wraps each block and FSDP must wrap the
+checkpointed block so that its all-gather and reduce-scatter stay outside the recomputed region;
+FSDP last, bottom-up (blocks, then the root), since ``fully_shard`` groups the parameters not yet
+claimed by a sub-module.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir import InvalidPlanError, Plan
+from ..ir import Recompute as RecomputeChoice
+from . import tp_plans
+from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
+                      TensorParallel)
+
+FAMILIES = ("gpt", "llama", "moe")
+
+
+def lower(plan: Plan) -> Program:
+    """The ordered steps for ``plan``; raises ``InvalidPlanError`` for what the runtime cannot do yet."""
+    cfg = _model_dims(plan)
+    check_supported(plan, cfg)
+    dp, tp = plan.mesh.dp, plan.mesh.tp
+    steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan))]
+    if tp > 1:
+        steps += _tensor_parallel(cfg, plan.sequence_parallel)
+    steps += _recompute(plan, cfg["layers"])
+    steps += _data_parallel(plan, cfg["layers"])
+    return Program(
+        plan_summary=plan.summary(), header=_header(plan), model_config=tuple(plan.model.items()),
+        global_batch=plan.global_batch, seq_len=plan.seq_len, micro_batch_size=plan.micro_batch_size,
+        num_microbatches=plan.num_microbatches, dp_size=dp,
+        # ZeRO-2/3 reduce-scatter after every micro-batch so that no full gradient is ever held;
+        # plain DP accumulates locally and all-reduces once per step.
+        sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps))
+
+
+def _model_dims(plan: Plan) -> dict[str, Any]:
+    """The sizes lowering needs, read from the zoo config dict (0 defaults as zoo.ModelConfig has them)."""
+    model = plan.model
+    family = model.get("family")
+    if family not in FAMILIES:
+        raise InvalidPlanError(f"plan.model.family is {family!r}; the runtime builds only {FAMILIES}")
+    heads = int(model.get("heads", 1))
+    return {"family": family, "layers": int(model.get("layers", len(plan.recompute))), "heads": heads,
+            "kv_heads": int(model.get("kv_heads") or heads),
+            "ffn_hidden": int(model.get("ffn_hidden") or 4 * int(model.get("hidden", 0))),
+            "vocab": int(model.get("vocab", 0))}
+
+
+def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
+    """Raise for the parts of a plan the runtime does not execute yet, saying which and why."""
+    m = plan.mesh
+    for axis, what in (("pp", "pipeline parallelism"), ("cp", "context parallelism"),
+                       ("ep", "expert parallelism")):
+        size = getattr(m, axis)
+        if size > 1:
+            raise InvalidPlanError(f"{what} ({axis}={size}) is not supported by the runtime yet; "
+                                   f"plan with {axis}=1")
+    if plan.zero_stage == 1 and m.tp > 1:
+        raise InvalidPlanError(f"zero_stage 1 with tp({m.tp}) > 1 is not supported by the runtime yet "
+                               "(ZeroRedundancyOptimizer needs plain tensors, TP makes DTensors); "
+                               "use zero_stage 0 or 2")
+    if plan.recompute and len(plan.recompute) != cfg["layers"]:
+        raise InvalidPlanError(f"plan.recompute has {len(plan.recompute)} entries but the model has "
+                               f"{cfg['layers']} layers; give one per layer")
+    if m.tp > 1:
+        for name in ("heads", "kv_heads", "ffn_hidden", "vocab"):
+            if cfg[name] % m.tp:
+                raise InvalidPlanError(f"tensor parallelism splits {name} over tp ranks, but "
+                                       f"{name}({cfg[name]}) does not divide by tp({m.tp}); "
+                                       f"use a tp that divides {cfg[name]}")
+
+
+def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
+    """dp outermost, tp innermost (tp ranks are neighbours, on one node when there are several).
+
+    Plain DP with TP gets a size-1 "dp_shard" axis: FSDP2 in HSDP form with a shard group of one
+    replicates the parameters and all-reduces the gradients (DDP semantics), which DDP itself
+    cannot do over DTensor parameters.
+    """
+    dims = [("dp", plan.mesh.dp)]
+    if plan.mesh.tp > 1:
+        if plan.zero_stage == 0 and plan.mesh.dp > 1:
+            dims.append(("dp_shard", 1))
+        dims.append(("tp", plan.mesh.tp))
+    return tuple(dims)
+
+
+def _tensor_parallel(cfg: dict[str, Any], sp: bool) -> list[Step]:
+    family = cfg["family"]
+    steps: list[Step] = [TensorParallel(module="", plan=tp_plans.root_plan(family, sp))]
+    block = tp_plans.block_plan(family, sp)
+    steps += [TensorParallel(module=f"layers.{i}", plan=block) for i in range(cfg["layers"])]
+    return steps
+
+
+def _recompute(plan: Plan, layers: int) -> list[Step]:
+    """"full" wraps the block; "selective" wraps its attention module with a policy that keeps the
+    projection outputs and recomputes the attention core (see program.SELECTIVE_SAVE_OPS)."""
+    steps: list[Step] = []
+    for i, choice in enumerate(plan.recompute[:layers]):
+        if choice == RecomputeChoice.FULL:
+            steps.append(Recompute(module=f"layers.{i}", policy=Policy.FULL))
+        elif choice == RecomputeChoice.SELECTIVE:
+            steps.append(Recompute(module=f"layers.{i}.attn", policy=Policy.SELECTIVE))
+    return steps
+
+
+def _data_parallel(plan: Plan, layers: int) -> list[Step]:
+    dp, zero = plan.mesh.dp, plan.zero_stage
+    if dp == 1:
+        return []  # nothing to replicate or shard over
+    if plan.mesh.tp == 1 and zero <= 1:
+        return [DataParallel(module="", mesh_axis="dp")] + ([ShardOptimizer(mesh_axis="dp")] if zero == 1 else [])
+    axes = ("dp", "dp_shard") if zero == 0 else ("dp",)
+    # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
+    # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
+    # head and the embedding are needed again as soon as backward starts.
+    steps: list[Step] = [FullyShard(module=f"layers.{i}", mesh_axes=axes, reshard_after_forward=zero == 3)
+                         for i in range(layers)]
+    steps.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))
+    return steps
+
+
+def _header(plan: Plan) -> tuple[str, ...]:
+    lines = [f"model: {plan.model.get('name') or plan.model.get('family')}, cluster: {plan.cluster}, "
+             f"global batch {plan.global_batch} x seq {plan.seq_len}, dtype {plan.dtype} "
+             "(this program trains in fp32)"]
+    p = plan.prediction
+    if p is not None:
+        lines.append(f"predicted: step time {p.step_time_s:.4g} s, memory per GPU "
+                     f"{p.peak_memory_bytes / 2**30:.2f} GiB, MFU {p.mfu:.1%}")
+    return tuple(lines)

@@ -1,0 +1,221 @@
+"""A plan lowered to a ``Program``: ordered parallelization steps, as plain values.
+
+Each step names a module by its path in the zoo model (``""`` is the root, ``"layers.3"`` a block)
+and says what to do to it with which PyTorch primitive. Two back ends read the same steps:
+``codegen.emit`` prints them as a torchrun script and ``runtime`` executes them in-process, so
+the emitted program and ``plan.apply`` cannot drift apart (``STEP_KINDS`` lists every kind, and a
+test checks that both back ends handle each one).
+
+Module paths are resolved when a step runs, on the model as the earlier steps left it: after
+``Recompute(module="layers.0")`` wraps block 0, ``FullyShard(module="layers.0")`` shards the
+wrapper, exactly as torchtitan's ``apply_ac`` then ``apply_fsdp`` do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ..ir import InvalidPlanError, parse_placement
+
+
+class StyleKind(StrEnum):
+    """The tensor-parallel styles of ``torch.distributed.tensor.parallel``."""
+
+    COLWISE = "colwise"  # ColwiseParallel: weight S(0) (out features), output S(-1)
+    ROWWISE = "rowwise"  # RowwiseParallel: weight S(1) (in features), output reduced
+    SEQUENCE_PARALLEL = "sequence_parallel"  # SequenceParallel: norm on S(1) activations
+    PREPARE_INPUT = "prepare_input"  # PrepareModuleInput: redistribute the first input
+    PREPARE_OUTPUT = "prepare_output"  # PrepareModuleOutput: redistribute the output
+    PREPARE_INPUT_OUTPUT = "prepare_input_output"  # both, for a module kept replicated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TPStyle:
+    """One tensor-parallel style with its redistributions, layouts as short strings (``S(1)``, ``R``).
+
+    ``src -> dst`` is the input redistribution (colwise, rowwise, prepare_input) or the output one
+    (prepare_output); ``None`` keeps the style's default. For colwise/rowwise, ``out`` is the
+    output layout. ``prepare_input_output`` uses ``src -> dst`` on the input and ``out_src -> out``
+    on the output.
+    """
+
+    kind: StyleKind
+    src: str | None = None
+    dst: str | None = None
+    out_src: str | None = None
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StyleKind(self.kind))
+        for name in ("src", "dst", "out_src", "out"):
+            layout = getattr(self, name)
+            if layout is None:
+                continue
+            try:
+                placement = parse_placement(layout)
+            except ValueError as exc:
+                raise InvalidPlanError(f"TPStyle.{name}: {exc}") from None
+            if str(placement) == "P":
+                raise InvalidPlanError(f"TPStyle.{name}: a module boundary cannot be Partial (P)")
+
+    def __str__(self) -> str:
+        kind = self.kind
+        if kind == StyleKind.SEQUENCE_PARALLEL:
+            return "sequence_parallel"
+        if kind == StyleKind.PREPARE_INPUT_OUTPUT:
+            return f"{kind}({self.src} -> {self.dst}; {self.out_src} -> {self.out})"
+        if kind in (StyleKind.PREPARE_INPUT, StyleKind.PREPARE_OUTPUT):
+            return f"{kind}({self.src} -> {self.dst})"
+        default_src, default_out = ("R", "S(-1)") if kind == StyleKind.COLWISE else ("S(-1)", "R")
+        return f"{kind}({self.src or default_src} -> {self.out or default_out})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildMesh:
+    """``init_device_mesh`` with named axes, outermost first (tp innermost: its ranks are neighbours)."""
+
+    dims: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.dims]
+        if len(set(names)) != len(names) or any(size < 1 for _, size in self.dims):
+            raise InvalidPlanError(f"BuildMesh: axis names must be distinct and sizes positive, got {self.dims}")
+
+    @property
+    def world_size(self) -> int:
+        size = 1
+        for _, n in self.dims:
+            size *= n
+        return size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorParallel:
+    """``parallelize_module(module, mesh[axis], {submodule: style})``."""
+
+    module: str
+    plan: tuple[tuple[str, TPStyle], ...]
+    mesh_axis: str = "tp"
+
+
+class Policy(StrEnum):
+    FULL = "full"  # recompute the whole module in backward, keep only its input
+    SELECTIVE = "selective"  # keep the matmul outputs, recompute the rest (the attention core)
+
+
+# Ops whose outputs selective recompute keeps: the projections (cheap to store, costly to redo) and
+# the tensor-parallel collectives (redoing them would add communication to the backward pass).
+# Everything else in the wrapped module (rotary, the softmax(QK^T)V core) is recomputed, as in
+# Korthikanti et al. 2022, sec. 5 ("selective activation recomputation").
+SELECTIVE_SAVE_OPS = (
+    "aten.mm.default",
+    "aten.addmm.default",
+    "_c10d_functional.all_gather_into_tensor.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+    "_c10d_functional.all_reduce.default",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recompute:
+    """Activation checkpointing of one module (non-reentrant ``checkpoint_wrapper``)."""
+
+    module: str
+    policy: Policy
+    save_ops: tuple[str, ...] = ()  # selective only: ops whose outputs are kept
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", Policy(self.policy))
+        if self.policy == Policy.SELECTIVE and not self.save_ops:
+            object.__setattr__(self, "save_ops", SELECTIVE_SAVE_OPS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FullyShard:
+    """FSDP2 ``fully_shard(module, mesh=mesh[axes])``: one axis shards (ZeRO-2/3); two axes are HSDP
+    (replicate over the first, shard over the second)."""
+
+    module: str
+    mesh_axes: tuple[str, ...]
+    reshard_after_forward: bool
+
+    def __post_init__(self) -> None:
+        if len(self.mesh_axes) not in (1, 2):
+            raise InvalidPlanError(f"FullyShard: one or two mesh axes, got {self.mesh_axes}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataParallel:
+    """``DistributedDataParallel`` over ``mesh[axis]``: replicated parameters, all-reduced gradients."""
+
+    module: str = ""
+    mesh_axis: str = "dp"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardOptimizer:
+    """ZeRO-1: ``ZeroRedundancyOptimizer`` over ``mesh[axis]`` shards the optimizer state only."""
+
+    mesh_axis: str = "dp"
+
+
+Step = BuildMesh | TensorParallel | Recompute | FullyShard | DataParallel | ShardOptimizer
+STEP_KINDS: tuple[type, ...] = (BuildMesh, TensorParallel, Recompute, FullyShard, DataParallel, ShardOptimizer)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Program:
+    """Everything a back end needs: the steps, the model config, and the training-loop shape.
+
+    ``sync_every_microbatch``: reduce gradients after every micro-batch (ZeRO-2/3, whose point is
+    never to hold a full gradient) or only after the last one (plain DP: one all-reduce per step).
+    Training runs in ``compute_dtype`` (fp32 for now, whatever ``plan.dtype`` says).
+    """
+
+    plan_summary: str
+    header: tuple[str, ...]  # lines for the emitted script's docstring (prediction, cluster)
+    model_config: tuple[tuple[str, Any], ...]
+    global_batch: int
+    seq_len: int
+    micro_batch_size: int
+    num_microbatches: int
+    dp_size: int
+    dp_axis: str = "dp"
+    sync_every_microbatch: bool = True
+    compute_dtype: str = "float32"
+    steps: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps or not isinstance(self.steps[0], BuildMesh):
+            raise InvalidPlanError("a Program starts with BuildMesh")
+        for step in self.steps:
+            if not isinstance(step, STEP_KINDS):
+                raise InvalidPlanError(f"unknown step {step!r}; known kinds: {[k.__name__ for k in STEP_KINDS]}")
+        if self.micro_batch_size * self.num_microbatches * self.dp_size != self.global_batch:
+            raise InvalidPlanError(
+                f"micro_batch_size({self.micro_batch_size}) * num_microbatches({self.num_microbatches}) * "
+                f"dp({self.dp_size}) != global_batch({self.global_batch})")
+
+    @property
+    def mesh(self) -> BuildMesh:
+        return self.steps[0]  # type: ignore[return-value]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.model_config)
+
+    def kinds(self) -> tuple[str, ...]:
+        """Step kind names in order, for structural checks."""
+        return tuple(type(s).__name__ for s in self.steps)
+
+    def describe(self) -> str:
+        """One line per step, for reports and error messages."""
+        lines = []
+        for step in self.steps:
+            if isinstance(step, TensorParallel):
+                styles = ", ".join(f"{path or '<root>'}: {style}" for path, style in step.plan)
+                lines.append(f"TensorParallel({step.module or '<root>'}) {{{styles}}}")
+            else:
+                lines.append(repr(step))
+        return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Execute a Program's steps in-process: the runtime's back end, one executor per step kind.
+
+``EXECUTORS`` mirrors ``codegen.emit.EMITTERS``; each executor makes the same public PyTorch call
+the emitted script prints for that step, so ``plan.apply`` and the script shard alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from ..codegen import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
+                       TensorParallel)
+from ..ir import InvalidPlanError
+from .styles import parallel_style, torch_op
+
+
+@dataclass
+class State:
+    """What the steps build up: the (possibly re-wrapped) root module, the mesh, the optimizer's needs."""
+
+    model: nn.Module
+    device: torch.device
+    mesh: DeviceMesh | None = None
+    zero1_axis: str | None = None  # set by ShardOptimizer: the optimizer is built sharded over this axis
+    ddp: bool = False  # the root is a DistributedDataParallel wrapper
+
+    def get(self, path: str) -> nn.Module:
+        return self.model.get_submodule(path) if path else self.model
+
+    def set(self, path: str, module: nn.Module) -> None:
+        """Replace the module at ``path`` (a wrapper around it); ``""`` replaces the root."""
+        if not path:
+            self.model = module
+            return
+        parent, _, name = path.rpartition(".")
+        setattr(self.get(parent), name, module)  # ModuleList children are named "0", "1", ...
+
+
+def _build_mesh(step: BuildMesh, state: State) -> None:
+    """Build the mesh, or check that the one the caller passed has the plan's axes and sizes."""
+    if state.mesh is not None:
+        given = tuple(zip(state.mesh.mesh_dim_names or (), state.mesh.shape))
+        if given != step.dims:
+            raise InvalidPlanError(f"the mesh passed to apply has axes {given} but the plan needs {step.dims}")
+        return
+    sizes = tuple(n for _, n in step.dims)
+    state.mesh = init_device_mesh(state.device.type, sizes, mesh_dim_names=tuple(a for a, _ in step.dims))
+
+
+def _tensor_parallel(step: TensorParallel, state: State) -> None:
+    styles = {path: parallel_style(style) for path, style in step.plan}
+    parallelize_module(state.get(step.module), state.mesh[step.mesh_axis], styles)
+
+
+def _keep_listed(save: frozenset, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _recompute(step: Recompute, state: State) -> None:
+    extra: dict[str, Any] = {}
+    if step.policy == Policy.SELECTIVE:
+        policy = partial(_keep_listed, frozenset(torch_op(name) for name in step.save_ops))
+        extra["context_fn"] = partial(create_selective_checkpoint_contexts, policy)
+    wrapped = checkpoint_wrapper(state.get(step.module), checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
+    state.set(step.module, wrapped)
+
+
+def _fully_shard(step: FullyShard, state: State) -> None:
+    axes = step.mesh_axes
+    mesh = state.mesh[axes[0]] if len(axes) == 1 else state.mesh[axes]
+    fully_shard(state.get(step.module), mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+
+
+def _data_parallel(step: DataParallel, state: State) -> None:
+    group = state.mesh[step.mesh_axis].get_group()
+    state.set(step.module, DistributedDataParallel(state.get(step.module), process_group=group))
+    state.ddp = state.ddp or step.module == ""
+
+
+def _shard_optimizer(step: ShardOptimizer, state: State) -> None:
+    state.zero1_axis = step.mesh_axis
+
+
+EXECUTORS: dict[type, Callable[[Any, State], None]] = {
+    BuildMesh: _build_mesh, TensorParallel: _tensor_parallel, Recompute: _recompute,
+    FullyShard: _fully_shard, DataParallel: _data_parallel, ShardOptimizer: _shard_optimizer,
+}
+
+
+def execute(program: Program, model: nn.Module, device: torch.device, *, mesh: DeviceMesh | None = None) -> State:
+    """Run every step of ``program`` on ``model`` (in place where PyTorch shards in place)."""
+    state = State(model=model, device=device, mesh=mesh)
+    for step in program.steps:
+        run_step(step, state)
+    return state
+
+
+def run_step(step: Step, state: State) -> None:
+    executor = EXECUTORS.get(type(step))
+    if executor is None:
+        raise NotImplementedError(f"the runtime has no executor for {type(step).__name__}")
+    executor(step, state)

@@ -1,0 +1,164 @@
+"""``apply(plan, model) -> PlannedModule``: shard a model in-process as the plan says, and train it.
+
+``PlannedModule.step`` does what the emitted script's loop does, in the same order: each dp rank
+takes its slice of the global batch, splits it into ``num_microbatches`` micro-batches, backpropagates
+``loss / num_microbatches`` for each (gradients accumulate), steps the optimizer, and returns the
+global mean loss (a SUM all-reduce over dp, divided by dp: identical on every rank).
+
+Precision: everything runs in fp32 for now, whatever ``plan.dtype`` says (bf16 mixed precision is
+for GPUs and not applied yet).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ..codegen import Program, lower
+from ..ir import InvalidPlanError, Plan
+from .distributed import device_for_rank, init_distributed
+from .interpret import State, execute
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW with lr 1e-3, as the emitted script's default ``--lr``."""
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (the formula of ``meshplan.zoo.loss_fn``)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+class PlannedModule:
+    """A model sharded by a plan, with its optimizer and one-call training step.
+
+    ``module`` is the sharded ``nn.Module``, usable in a hand-written loop: take this rank's rows
+    (``local_batch``, or slice by ``dp_rank``/``dp_size``), call it, backpropagate, step
+    ``optimizer``; gradients are averaged over dp by the wrapper, and ``dp_group`` is there to
+    average a loss for printing. ``mesh`` is the DeviceMesh (axes as ``lower(plan).mesh.dims``).
+    """
+
+    def __init__(self, program: Program, state: State, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> None:
+        self.program = program
+        self.module: nn.Module = state.model
+        self.mesh = state.mesh
+        self.device = state.device
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.dp_size: int = self.mesh.size(self.mesh.mesh_dim_names.index(program.dp_axis))
+        self.dp_rank: int = self.mesh.get_local_rank(program.dp_axis)
+        self.dp_group = self.mesh[program.dp_axis].get_group()
+        self._ddp = state.ddp
+
+    def local_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This dp rank's contiguous slice of a global batch (the same tensors on every rank)."""
+        batch, parts = inputs.shape[0], self.dp_size * self.program.num_microbatches
+        if batch % parts:
+            raise InvalidPlanError(
+                f"a global batch of {batch} does not split over dp({self.dp_size}) * "
+                f"num_microbatches({self.program.num_microbatches}) = {parts}: {batch} % {parts} = "
+                f"{batch % parts}; use a multiple of {parts} (the plan's global batch is {self.program.global_batch})")
+        local = batch // self.dp_size
+        rows = slice(self.dp_rank * local, (self.dp_rank + 1) * local)
+        return inputs[rows], targets[rows]
+
+    def _check_local(self, inputs: torch.Tensor) -> None:
+        batch, n = inputs.shape[0], self.program.num_microbatches
+        if batch % n:
+            raise InvalidPlanError(f"a local batch of {batch} does not split into num_microbatches({n}): "
+                                   f"{batch} % {n} = {batch % n}; use a multiple of {n}")
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Plain DP reduces gradients only after the last micro-batch; ZeRO-2/3 after every one."""
+        p = self.program
+        if p.sync_every_microbatch or p.num_microbatches == 1 or p.dp_size == 1:
+            return contextlib.nullcontext()
+        if self._ddp:
+            return contextlib.nullcontext() if last else self.module.no_sync()
+        self.module.set_requires_gradient_sync(last)  # FSDP2 (HSDP as DDP) keeps unreduced gradients
+        return contextlib.nullcontext()
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, local: bool = False) -> float:
+        """Forward, backward and optimizer step; returns the global mean loss (the same on every rank).
+
+        ``inputs``/``targets``: token ids ``(batch, seq)``, the global batch on every rank, or this
+        rank's share with ``local=True``.
+        """
+        if local:
+            self._check_local(inputs)
+        else:
+            inputs, targets = self.local_batch(inputs, targets)
+        n = self.program.num_microbatches
+        loss_sum = torch.zeros((), device=self.device)
+        for mb, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            with self._sync(mb == n - 1):
+                loss = self.loss_fn(self.module(x.to(self.device)), y.to(self.device)) / n
+                loss.backward()
+            loss_sum += loss.detach()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        dist.all_reduce(loss_sum, group=self.dp_group)  # the global mean loss: average over the dp ranks
+        return loss_sum.item() / self.dp_size
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter as a whole tensor, under the original model's names (wrapper prefixes
+        dropped). A collective: call it on every rank."""
+        out = {}
+        for name, param in self.module.named_parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            clean = name.replace("_checkpoint_wrapped_module.", "")
+            out[clean.removeprefix("module.") if self._ddp else clean] = full.detach().cpu()
+        return out
+
+
+def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = None,
+          mesh: DeviceMesh | None = None, loss_fn: LossFn | None = None) -> PlannedModule:
+    """Shard ``model`` as ``plan`` says, inside an initialized process group (or under torchrun).
+
+    ``optimizer``: params -> Optimizer (default AdamW lr 1e-3); with ZeRO-1 it is wrapped in a
+    ``ZeroRedundancyOptimizer``. ``loss_fn(logits, targets)`` for ``step`` (default: mean token
+    cross-entropy in fp32, as ``meshplan.zoo.loss_fn``). ``mesh``: a DeviceMesh to use instead of building one; it must have
+    the plan's axes and sizes (``lower(plan).mesh.dims``).
+    """
+    program = lower(plan)
+    init_distributed()
+    world = dist.get_world_size()
+    if plan.world_size != world:
+        raise InvalidPlanError(f"the plan's mesh ({plan.mesh}) needs {plan.world_size} processes but the process "
+                               f"group has {world}; launch with torchrun --nproc-per-node {plan.world_size}")
+    _check_model(plan, model)
+    device = device_for_rank()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and FSDP use the current device
+    state = execute(program, model.to(device), device, mesh=mesh)
+    factory = optimizer or default_optimizer
+    return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or token_cross_entropy)
+
+
+def _check_model(plan: Plan, model: nn.Module) -> None:
+    layers = getattr(model, "layers", None)
+    expect = plan.model.get("layers")
+    if layers is None or (expect is not None and len(layers) != expect):
+        got = "no .layers" if layers is None else f"{len(layers)} layers"
+        raise InvalidPlanError(f"the plan is for {plan.model.get('name') or plan.model.get('family')} with "
+                               f"{expect} layers but the model has {got}; build it from plan.model")
+
+
+def _build_optimizer(state: State, factory: OptimizerFactory) -> torch.optim.Optimizer:
+    params = list(state.model.parameters())
+    if state.zero1_axis is None:
+        return factory(params)
+    # ZeroRedundancyOptimizer builds its local optimizer as optimizer_class(param_groups, **defaults):
+    # the factory is such a callable, so any optimizer the caller chose is sharded the same way.
+    return ZeroRedundancyOptimizer(params, optimizer_class=factory,
+                                   process_group=state.mesh[state.zero1_axis].get_group())

@@ -1,0 +1,164 @@
+"""lower(plan): which steps, in which order, how many; and what it refuses, with the reason."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from meshplan import ir
+from meshplan.codegen import (STEP_KINDS, BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute,
+                              ShardOptimizer, StyleKind, TensorParallel, TPStyle, emit_source, lower)
+
+CONFIGS = {
+    "gpt": dict(family="gpt", layers=4, hidden=64, heads=4, vocab=512, max_seq_len=128, name="gpt-tiny"),
+    "llama": dict(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=160, vocab=512,
+                  max_seq_len=128, name="llama-tiny"),
+    "moe": dict(family="moe", layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=96, vocab=512, max_seq_len=128,
+                experts=4, top_k=2, name="moe-tiny"),
+}
+
+
+def plan(family: str = "gpt", *, dp: int = 1, tp: int = 1, zero: int = 0, sp: bool = False, nmb: int = 1,
+         recompute: tuple[str, ...] = (), layers: int = 4, **mesh: int) -> ir.Plan:
+    return ir.Plan(model={**CONFIGS[family], "layers": layers}, cluster="cpu:1x8", global_batch=8 * dp,
+                   seq_len=16, mesh=ir.Mesh(dp=dp, tp=tp, **mesh), zero_stage=zero, sequence_parallel=sp,
+                   micro_batch_size=8 // nmb, num_microbatches=nmb, recompute=recompute)
+
+
+def test_one_process_builds_only_the_mesh() -> None:
+    program = lower(plan())
+    assert program.kinds() == ("BuildMesh",)
+    assert program.mesh.dims == (("dp", 1),)
+
+
+def test_plain_dp_is_ddp_on_the_root() -> None:
+    program = lower(plan(dp=4, nmb=2))
+    assert program.kinds() == ("BuildMesh", "DataParallel")
+    assert program.steps[1] == DataParallel(module="", mesh_axis="dp")
+    assert not program.sync_every_microbatch  # accumulate locally, all-reduce once per step
+
+
+def test_zero1_adds_a_sharded_optimizer() -> None:
+    assert lower(plan(dp=4, zero=1)).kinds() == ("BuildMesh", "DataParallel", "ShardOptimizer")
+
+
+@pytest.mark.parametrize("zero, reshard", [(2, False), (3, True)])
+def test_zero_2_and_3_shard_blocks_then_root(zero: int, reshard: bool) -> None:
+    program = lower(plan("llama", dp=8, zero=zero))
+    shards = [s for s in program.steps if isinstance(s, FullyShard)]
+    assert [s.module for s in shards] == ["layers.0", "layers.1", "layers.2", "layers.3", ""]
+    assert all(s.reshard_after_forward == reshard for s in shards[:-1])
+    assert shards[-1].reshard_after_forward is False  # the root is needed first in backward
+    assert all(s.mesh_axes == ("dp",) for s in shards)
+    assert program.sync_every_microbatch
+
+
+def test_dp_x_tp_with_sp() -> None:
+    program = lower(plan("gpt", dp=2, tp=4, zero=3, sp=True))
+    assert program.mesh.dims == (("dp", 2), ("tp", 4))
+    assert program.kinds() == ("BuildMesh",) + ("TensorParallel",) * 5 + ("FullyShard",) * 5
+    root, block = program.steps[1], program.steps[2]
+    assert root.module == "" and block.module == "layers.0"
+    root_styles = dict(root.plan)
+    assert root_styles["embed"] == TPStyle(kind=StyleKind.PREPARE_OUTPUT, src="R", dst="S(1)")
+    assert root_styles["norm"].kind == StyleKind.SEQUENCE_PARALLEL
+    assert str(root_styles["output"]) == "colwise(S(1) -> R)"
+    styles = dict(block.plan)
+    assert sorted(styles) == ["attn", "attn.wk", "attn.wo", "attn.wq", "attn.wv", "attn_norm", "mlp", "mlp.fc1",
+                              "mlp.fc2", "mlp_norm"]
+    assert str(styles["attn"]) == "prepare_input(S(1) -> R)"
+    assert str(styles["attn.wo"]) == "rowwise(S(-1) -> S(1))"
+
+
+def test_tp_without_sp_keeps_the_stream_replicated() -> None:
+    block = dict(lower(plan("llama", tp=2)).steps[2].plan)
+    assert sorted(block) == ["attn.wk", "attn.wo", "attn.wq", "attn.wv", "mlp.w1", "mlp.w2", "mlp.w3"]
+    assert str(block["mlp.w2"]) == "rowwise(S(-1) -> R)"
+
+
+def test_moe_under_tp_splits_attention_and_keeps_experts_whole() -> None:
+    block = dict(lower(plan("moe", tp=2, sp=True)).steps[2].plan)
+    assert not any(path.startswith("mlp.") for path in block)
+    assert block["mlp"].kind == StyleKind.PREPARE_INPUT_OUTPUT
+
+
+def test_plain_dp_with_tp_is_hsdp_with_a_shard_group_of_one() -> None:
+    program = lower(plan("gpt", dp=2, tp=2, zero=0, nmb=2))
+    assert program.mesh.dims == (("dp", 2), ("dp_shard", 1), ("tp", 2))
+    shards = [s for s in program.steps if isinstance(s, FullyShard)]
+    assert len(shards) == 5 and all(s.mesh_axes == ("dp", "dp_shard") for s in shards)
+    assert not any(s.reshard_after_forward for s in shards)
+    assert not program.sync_every_microbatch
+
+
+def test_recompute_per_layer_between_tp_and_fsdp() -> None:
+    program = lower(plan("gpt", dp=2, tp=2, zero=3, recompute=("full", "none", "selective", "full")))
+    recomputes = [s for s in program.steps if isinstance(s, Recompute)]
+    assert [(s.module, s.policy) for s in recomputes] == [
+        ("layers.0", Policy.FULL), ("layers.2.attn", Policy.SELECTIVE), ("layers.3", Policy.FULL)]
+    assert "aten.mm.default" in recomputes[1].save_ops and recomputes[0].save_ops == ()
+    kinds = program.kinds()
+    last_tp = max(i for i, k in enumerate(kinds) if k == "TensorParallel")
+    first_fsdp = kinds.index("FullyShard")
+    assert all(last_tp < i < first_fsdp for i, k in enumerate(kinds) if k == "Recompute")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cp=2), "context parallelism (cp=2) is not supported by the runtime yet"),
+    (dict(dp=2, ep=2), "expert parallelism (ep=2) is not supported by the runtime yet"),
+    (dict(dp=2, tp=2, zero=1), "zero_stage 1 with tp(2) > 1 is not supported by the runtime yet"),
+    (dict(family="llama", tp=4), "kv_heads(2) does not divide by tp(4)"),
+    (dict(recompute=("full",) * 3), "plan.recompute has 3 entries but the model has 4 layers"),
+])
+def test_unsupported_plans_say_why(kwargs, message) -> None:
+    family = kwargs.pop("family", "gpt")
+    with pytest.raises(ir.InvalidPlanError) as err:
+        lower(plan(family, **kwargs))
+    assert message in str(err.value)
+
+
+def test_pipeline_is_refused() -> None:
+    p = dataclasses.replace(plan(), mesh=ir.Mesh(pp=2), stages=((0, 2), (2, 4)))
+    with pytest.raises(ir.InvalidPlanError, match=r"pipeline parallelism \(pp=2\) is not supported"):
+        lower(p)
+
+
+def test_unknown_family_is_refused() -> None:
+    p = dataclasses.replace(plan(), model={**CONFIGS["gpt"], "family": "rwkv"})
+    with pytest.raises(ir.InvalidPlanError, match="family is 'rwkv'"):
+        lower(p)
+
+
+def test_values_check_themselves() -> None:
+    with pytest.raises(ir.InvalidPlanError, match="S\\(dim\\), R, P"):
+        TPStyle(kind=StyleKind.COLWISE, src="Shard(1)")
+    with pytest.raises(ir.InvalidPlanError, match="starts with BuildMesh"):
+        dataclasses.replace(lower(plan()), steps=(FullyShard(module="", mesh_axes=("dp",),
+                                                             reshard_after_forward=True),))
+    with pytest.raises(ir.InvalidPlanError, match="distinct"):
+        BuildMesh(dims=(("dp", 2), ("dp", 2)))
+    step = TensorParallel(module="layers.0", plan=(("attn.wq", TPStyle(kind="colwise")),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.module = "layers.1"  # type: ignore[misc]
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(["gpt", "llama", "moe"]), dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2]),
+       zero=st.sampled_from([0, 1, 2, 3]), sp=st.booleans(), nmb=st.sampled_from([1, 2, 4]),
+       recompute=st.lists(st.sampled_from(["none", "full", "selective"]), min_size=4, max_size=4))
+def test_any_supported_plan_lowers_in_order_and_emits(family, dp, tp, zero, sp, nmb, recompute) -> None:
+    assume(not (zero == 1 and tp > 1) and not (sp and tp == 1))  # refused, or not a valid plan
+    p = plan(family, dp=dp, tp=tp, zero=zero, sp=sp, nmb=nmb, recompute=tuple(recompute))
+    program = lower(p)
+    assert isinstance(program, Program) and all(isinstance(s, STEP_KINDS) for s in program.steps)
+    assert program.mesh.world_size == p.world_size
+    order = {BuildMesh: 0, TensorParallel: 1, Recompute: 2, FullyShard: 3, DataParallel: 3, ShardOptimizer: 4}
+    ranks = [order[type(s)] for s in program.steps]
+    assert ranks == sorted(ranks)
+    assert sum(isinstance(s, TensorParallel) for s in program.steps) == (5 if tp > 1 else 0)
+    assert sum(isinstance(s, Recompute) for s in program.steps) == sum(r != "none" for r in recompute)
+    fsdp = sum(isinstance(s, FullyShard) for s in program.steps)
+    assert fsdp == (5 if dp > 1 and (zero >= 2 or tp > 1) else 0)
+    compile(emit_source(p), "emitted.py", "exec")

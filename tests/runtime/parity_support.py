@@ -1,0 +1,104 @@
+"""Helpers for the gloo parity tests: plans, a single-process reference, and a launcher whose ranks
+each write their own traceback (so a failure shows its cause, not another rank's "connection reset").
+
+One launch runs many cases in the same processes: a 4-process gloo start costs seconds on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshplan import ir
+
+GLOBAL_BATCH, SEQ_LEN, STEPS, SEED = 8, 16, 3, 0
+
+
+def make_plan(model: str, *, dp: int = 1, tp: int = 1, zero: int = 0, sp: bool = False, nmb: int = 1,
+              recompute: tuple[str, ...] = (), **mesh: int) -> ir.Plan:
+    from meshplan import zoo
+
+    cfg = zoo.config(model).to_dict()
+    return ir.Plan(model=cfg, cluster="cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+                   mesh=ir.Mesh(dp=dp, tp=tp, **mesh), zero_stage=zero, sequence_parallel=sp,
+                   micro_batch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
+                   recompute=recompute or ("none",) * cfg["layers"], dtype="float32")
+
+
+def optimizer(params):
+    """AdamW with eps 1e-4: Adam divides each gradient by its own magnitude, so with the default eps
+    (1e-8) an element whose gradient is ~1e-8 turns float rounding into a 1e-5 parameter difference
+    between any two summation orders (seen even with plain DDP). A larger eps keeps the comparison
+    about the parallelism, not about rounding."""
+    return torch.optim.AdamW(params, lr=1e-3, eps=1e-4)
+
+
+def reference(model: str, steps: int = STEPS, seed: int = SEED) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch at once: losses per step and the final parameters."""
+    from meshplan import zoo
+    from meshplan.runtime.train import synthetic_batch
+
+    torch.manual_seed(seed)
+    net = zoo.build(model)
+    opt = optimizer(net.parameters())
+    losses = []
+    for step in range(1, steps + 1):
+        x, y = synthetic_batch(net.config.vocab, GLOBAL_BATCH, SEQ_LEN, seed, step)
+        loss = zoo.loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world_size: int, entry: str, payload: Any, tmp: Path, timeout_s: float = 240) -> None:
+    """Run ``entry(rank, world_size, payload, outdir)`` (a "module:function" importable from this
+    folder) on ``world_size`` gloo processes; raise with every rank's own traceback on failure."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    ctx = mp.start_processes(_rank_main, args=(world_size, port, entry, payload, str(tmp)), nprocs=world_size,
+                             join=False, start_method="spawn")
+    try:
+        while not ctx.join(timeout=timeout_s):
+            pass
+    except Exception as exc:  # the first rank to die; its peers may only say "connection reset"
+        errors = [p.read_text() for p in sorted(tmp.glob("rank*.err"))]
+        raise AssertionError("a rank failed:\n" + ("\n".join(errors) or str(exc))) from None
+
+
+def _rank_main(rank: int, world_size: int, port: int, entry: str, payload: Any, outdir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    # full_tensor() of FSDP x TP parameters warns about two sequential all-gathers; not our concern here
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        module, _, name = entry.partition(":")
+        sys.path.insert(0, str(Path(__file__).parent))
+        getattr(__import__(module), name)(rank, world_size, payload, Path(outdir))
+        dist.destroy_process_group()
+    except BaseException:
+        Path(outdir, f"rank{rank}.err").write_text(f"--- rank {rank} ---\n{traceback.format_exc()}")
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data))
