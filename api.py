@@ -77,7 +77,8 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
     if seq_len > config["max_seq_len"]:
         raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {config['max_seq_len']}")
     graph = trace(_as_module(model), batch=1, seq_len=min(seq_len, 64))
-    dtype = dtype or ("float32" if cluster.accelerator.name == "cpu" else "bfloat16")
+    peaks = cluster.accelerator.peak_flops
+    dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
                          dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top)
     return tuple(as_api_plan(p) for p in solver.solve(req, progress=progress))

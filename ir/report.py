@@ -7,6 +7,13 @@ from .plan import AXES, Plan
 GB = 1e9
 
 
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _row(label: str, value: str, note: str = "") -> str:
     return f"  {label:<22}{value:>14}  {note}".rstrip()
 
@@ -30,8 +37,8 @@ def report(plan: Plan) -> str:
         lines += _memory_rows(pred)
         lines += ["", "throughput",
                   _row("tokens/s", f"{pred.tokens_per_s:,.0f}"),
-                  _row("model TFLOP/s/GPU", f"{pred.model_tflops_per_gpu:.1f}", f"MFU {pred.mfu:.1%}"),
-                  _row("hardware TFLOP/s/GPU", f"{pred.hardware_tflops_per_gpu:.1f}", "recompute counted")]
+                  _row("model TFLOP/s/GPU", f"{pred.model_tflops_per_gpu:.3g}", f"MFU {pred.mfu:.1%}"),
+                  _row("hardware TFLOP/s/GPU", f"{pred.hardware_tflops_per_gpu:.3g}", "recompute counted")]
     if plan.solver is not None:
         s = plan.solver
         lines += ["", f"solver: {s.status}, gap {s.gap:.2%}, {s.wall_s:.2f} s; {s.candidates} candidates, "
@@ -52,10 +59,10 @@ def _time_rows(pred) -> list[str]:
 def _memory_rows(pred) -> list[str]:
     rows = []
     for key in ("params", "grads", "optimizer", "activations", "buffers"):
-        rows.append(_row(key, f"{pred.memory_bytes[key] / GB:.2f} GB"))
+        rows.append(_row(key, _bytes(pred.memory_bytes[key])))
     limit = pred.memory_limit_bytes
     note = f"of {limit / GB:.1f} GB ({pred.peak_memory_bytes / limit:.0%})" if limit else ""
-    rows.append(_row("peak", f"{pred.peak_memory_bytes / GB:.2f} GB", note))
+    rows.append(_row("peak", _bytes(pred.peak_memory_bytes), note))
     return rows
 
 

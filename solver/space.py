@@ -28,7 +28,8 @@ from typing import Any
 
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-RUNTIME = frozenset({"tp", "sp", "zero2", "zero3"})  # grows as the runtime does: "pp", "cp", "ep", "zero1"
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp"})  # grows as the runtime does: pp, cp, ep
+ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 256
@@ -140,7 +141,8 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
-        zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z and (z == 0 or mesh["dp"] > 1)]
+        zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z and (z == 0 or mesh["dp"] > 1)
+                 and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)]
         for zero, sp in product(zeros, sps):
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
                 for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):
