@@ -1,0 +1,87 @@
+"""meshplan's plan against the expert's, for every run of ``shared/data/reference_runs.csv``.
+
+    python bench/expert_plans.py [--all-parallelisms] [--time-limit S]
+
+For each row: plan the same model on the same cluster with the same global batch and sequence,
+then predict both meshplan's plan and the published (expert) plan with the same cost model, and
+print the ratio of predicted throughputs. A ratio below 1.0 means the search missed a plan it
+could have found (or the expert's plan lies outside what the runtime executes: the search offers
+only what the runtime can run; ``--all-parallelisms`` lifts that to show what the search would
+pick with every parallelism). Rows without a published layout are skipped with the reason.
+A benchmark, not a test: it prints and asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from dataclasses import replace
+
+from reference_runs import DATA, build_run, graph_of
+
+from meshplan import ir, solver
+from meshplan.cost_model import estimate
+from meshplan.solver.space import RUNTIME
+
+ALL = frozenset({"tp", "sp", "zero1", "zero1_tp", "zero2", "zero3", "moe_tp", "pp", "cp", "ep"})
+
+
+def _short(plan: ir.Plan) -> str:
+    m = plan.mesh
+    parts = [f"{a}{getattr(m, a)}" for a in ("tp", "pp", "dp", "cp", "ep") if getattr(m, a) > 1 or a == "dp"]
+    rc = {r[0] for r in plan.recompute} - {"n"}
+    return (" ".join(parts) + f" mb{plan.micro_batch_size} z{plan.zero_stage}"
+            + (f" v{plan.vp}" if plan.vp > 1 else "") + (" rc:" + "".join(sorted(rc)) if rc else ""))
+
+
+def compare(run, runtime: frozenset, time_limit_s: float) -> tuple[str, str, float, float, str]:
+    graph = graph_of(run.cfg)
+    expert = estimate(graph, run.cluster, replace(run.plan, dtype="bfloat16"))
+    req = solver.Request(graph=graph, cluster=run.cluster, model=run.cfg.to_dict(), global_batch=run.plan.global_batch,
+                         seq_len=run.plan.seq_len, dtype="bfloat16", runtime=runtime, top=1,
+                         time_limit_s=time_limit_s)
+    start = time.perf_counter()
+    try:
+        ours = solver.solve(req)[0]
+    except ir.PlanError as exc:
+        return _short(run.plan), f"none: {exc}"[:60], 0.0, time.perf_counter() - start, ""
+    wall = time.perf_counter() - start
+    note = "expert OOM in our model" if expert.peak_memory_bytes > expert.memory_limit_bytes else ""
+    return _short(run.plan), _short(ours), expert.step_time_s / ours.prediction.step_time_s, wall, note
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", default=str(DATA / "reference_runs.csv"))
+    ap.add_argument("--all-parallelisms", action="store_true")
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    runtime = ALL if args.all_parallelisms else RUNTIME
+    print(f"search space: {sorted(runtime)}")
+    print(f"{'row':<44} {'expert plan':<26} {'meshplan plan':<34} {'ratio':>6} {'solve s':>8}")
+    ratios, skipped = [], []
+    with open(args.csv, newline="") as f:
+        for i, row in enumerate(csv.DictReader(f), 2):
+            run = build_run(row)
+            if isinstance(run, str):
+                skipped.append(f"line {i}: {row['model']}: {run}")
+                continue
+            expert, ours, ratio, wall, note = compare(run, runtime, args.time_limit)
+            ratios.append(ratio)
+            print(f"{run.label:<44} {expert:<26} {ours:<34} {ratio:6.2f} {wall:8.2f}  {note}")
+    below = sum(r < 1.0 - 1e-9 for r in ratios)
+    print(f"\n{len(ratios)} rows; ratio min {min(ratios):.2f}, geometric mean "
+          f"{_geomean(ratios):.2f}; {below} below 1.0")
+    for line in skipped:
+        print(f"skipped {line}")
+    return 0
+
+
+def _geomean(xs: list[float]) -> float:
+    import math
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
