@@ -6,9 +6,10 @@ back ends. Pure: imports ``meshplan.ir`` and the standard library only (no torch
 from .emit import EMITTERS, emit_source
 from .lower import lower
 from .program import (SELECTIVE_SAVE_OPS, STEP_KINDS, BuildMesh, DataParallel, FullyShard, Policy, Program,
-                      Recompute, ShardOptimizer, Step, StyleKind, TensorParallel, TPStyle)
+                      Recompute, ShardOptimizer, SplitPipeline, Step, StyleKind, TensorParallel, TPStyle)
+from .program import EXPERT_AXES, ExpertMesh, ExpertParallel
 from .tp_plans import torch_call
 
 __all__ = ["EMITTERS", "SELECTIVE_SAVE_OPS", "STEP_KINDS", "BuildMesh", "DataParallel", "FullyShard", "Policy",
-           "Program", "Recompute", "ShardOptimizer", "Step", "StyleKind", "TPStyle", "TensorParallel", "emit_source",
-           "lower", "torch_call"]
+           "Program", "Recompute", "ShardOptimizer", "SplitPipeline", "Step", "StyleKind", "TPStyle", "TensorParallel", "emit_source",
+           "lower", "torch_call", "EXPERT_AXES", "ExpertMesh", "ExpertParallel"]

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .program import DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, TensorParallel
+from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
+                      ShardOptimizer, TensorParallel)
+from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
 
 INDENT = "    "
@@ -19,17 +21,22 @@ def imports(program: Program) -> list[str]:
     if any(isinstance(s, Recompute) for s in program.steps):
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, "
                      "checkpoint_wrapper")
-    lines.append("from torch.distributed.device_mesh import init_device_mesh")
+    mesh_names = "DeviceMesh, init_device_mesh" if ExpertMesh in kinds else "init_device_mesh"
+    lines.append(f"from torch.distributed.device_mesh import {mesh_names}")
     if FullyShard in kinds:
         lines.append("from torch.distributed.fsdp import fully_shard")
     if ShardOptimizer in kinds:
         lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
+    lines += pipeline_schedule_import(program)
     lines += _tp_imports(program)
     if DataParallel in kinds:
         lines.append("from torch.nn.parallel import DistributedDataParallel")
     if any(isinstance(s, Recompute) and s.policy == Policy.SELECTIVE for s in program.steps):
         lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
-    return lines + ["", "import meshplan.zoo"]
+    lines += ["", "import meshplan.zoo"]
+    if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
+        lines.append("from meshplan.runtime.expert import shard_experts")
+    return lines
 
 
 def _tp_imports(program: Program) -> list[str]:

@@ -16,11 +16,11 @@ import re
 from typing import Callable
 
 from ..ir import Plan
-from . import script
+from . import expert, pipeline_emit, script
 from .assemble import assemble
 from .lower import lower
-from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
-                      TensorParallel)
+from .program import (BuildMesh, DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
+                      ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from .tp_plans import torch_call
 
 INDENT = "    "
@@ -71,7 +71,8 @@ def _recompute_lines(step: Recompute, target: str) -> tuple[str, list[str]]:
 
 def _fully_shard_lines(step: FullyShard, target: str) -> tuple[str, list[str]]:
     mesh = ", ".join(f'"{a}"' for a in step.mesh_axes)
-    return "parallelize", [f"fully_shard({target}, mesh=mesh[{mesh}], "
+    var = "expert_mesh" if expert.on_expert_mesh(step.mesh_axes) else "mesh"
+    return "parallelize", [f"fully_shard({target}, mesh={var}[{mesh}], "
                            f"reshard_after_forward={step.reshard_after_forward})"]
 
 
@@ -97,13 +98,19 @@ def _mesh_lines(step: BuildMesh, target: str) -> tuple[str, list[str]]:
 EMITTERS: dict[type, Callable[..., tuple[str, list[str]]]] = {
     BuildMesh: _mesh_lines, TensorParallel: _tp_lines, Recompute: _recompute_lines,
     FullyShard: _fully_shard_lines, DataParallel: _ddp_lines, ShardOptimizer: _shard_optimizer_lines,
+    ExpertMesh: expert.expert_mesh_lines, ExpertParallel: expert.expert_parallel_lines,
+    SplitPipeline: pipeline_emit.split_pipeline_lines,
 }
 
 
 def _comment(step: Step) -> str:
     """Why the group of steps is there, as the comment above it."""
+    expert_comment = expert.comment(step)
+    if expert_comment is not None:
+        return expert_comment
     if isinstance(step, TensorParallel):
-        where = "the embedding, final norm and output head" if step.module == "" else "each block"
+        where = {"": "the embedding, final norm and output head", "embed": "the embedding", "norm": "the final norm",
+                 "output": "the output head"}.get(step.module, "each block")
         sp = any(str(s.kind) == "sequence_parallel" for _, s in step.plan)
         return f"# tensor parallelism{' with sequence parallelism' if sp else ''} over tp: {where}"
     if isinstance(step, Recompute):
@@ -158,15 +165,18 @@ def _loop_header(indices: tuple[int, ...]) -> str:
 
 def render_sections(program: Program) -> dict[str, list[str]]:
     """The lines of each section, loops over layers included, with a comment per group."""
-    sections: dict[str, list[str]] = {"mesh": [], "parallelize": [], "optimizer": []}
+    sections: dict[str, list[str]] = {"mesh": [], "parallelize": [], "optimizer": [], "pipeline": []}
+    pipelined = any(isinstance(s, SplitPipeline) for s in program.steps)
     for step, indices in group_steps(program.steps):
         target = module_expr(getattr(step, "module", ""))
         section, lines = EMITTERS[type(step)](step, target)
         comment = _comment(step)
         out = sections[section]
         if comment:
-            out.append(comment)
-        if indices is not None and len(indices) > 1:
+            out += comment.split("\n")
+        if pipelined:  # parallelize() runs on each stage module: only on what the stage holds
+            out += pipeline_emit.guarded(step, indices, lines)
+        elif indices is not None and len(indices) > 1:
             out.append(_loop_header(indices))
             out += [INDENT + line for line in lines]
         else:
@@ -180,4 +190,6 @@ def emit_source(plan: Plan | Program, *, name: str | None = None) -> str:
     if name is None:
         config = program.config
         name = config.get("name") or f"a {config.get('family')} model"
-    return assemble(program, render_sections(program), name, script)
+    sections = render_sections(program)
+    parts = pipeline_emit.script_parts(program, sections["pipeline"]) if sections["pipeline"] else script
+    return assemble(program, sections, name, parts)

@@ -1,8 +1,10 @@
 """``lower(plan) -> Program``: choose the parallelization steps a plan asks for, in torchtitan's order.
 
-    BuildMesh                     ("dp", dp) [("dp_shard", 1)] ("tp", tp)
+    BuildMesh                     [("pp", pp)] ("dp", dp) [("dp_shard", 1)] ("tp", tp)
+    SplitPipeline                 pipeline stages first, when pp > 1 (codegen.pipeline_lower)
     TensorParallel(root)          embedding, final norm, output head
     TensorParallel(layers.i)      attention and MLP of each block
+    ExpertMesh, ExpertParallel    MoE experts sharded over ep, a sub-group of dp (codegen.expert)
     Recompute(layers.i[.attn])    activation checkpointing, per layer as plan.recompute says
     FullyShard(layers.i), (root)  ZeRO-2/3, or HSDP with a shard axis of 1 for plain DP with TP
     DataParallel(root)            plain DP without TP (DDP)
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..ir import InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
-from . import tp_plans
+from . import expert, pipeline_lower, tp_plans
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
                       TensorParallel)
 
@@ -36,8 +38,12 @@ def lower(plan: Plan) -> Program:
     steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan))]
     if tp > 1:
         steps += _tensor_parallel(cfg, plan.sequence_parallel)
+    if plan.mesh.ep > 1:
+        steps += expert.expert_parallel(plan, steps[0].dims, cfg["layers"])
     steps += _recompute(plan, cfg["layers"])
     steps += _data_parallel(plan, cfg["layers"])
+    if plan.mesh.pp > 1:
+        steps = pipeline_lower.pipelined(plan, steps)  # SplitPipeline first; see pipeline_lower
     return Program(
         plan_summary=plan.summary(), header=_header(plan), model_config=tuple(plan.model.items()),
         global_batch=plan.global_batch, seq_len=plan.seq_len, micro_batch_size=plan.micro_batch_size,
@@ -63,16 +69,19 @@ def _model_dims(plan: Plan) -> dict[str, Any]:
 def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for the parts of a plan the runtime does not execute yet, saying which and why."""
     m = plan.mesh
-    for axis, what in (("pp", "pipeline parallelism"), ("cp", "context parallelism"),
-                       ("ep", "expert parallelism")):
+    for axis, what in (("cp", "context parallelism"),):
         size = getattr(m, axis)
         if size > 1:
             raise InvalidPlanError(f"{what} ({axis}={size}) is not supported by the runtime yet; "
                                    f"plan with {axis}=1")
+    if m.ep > 1:
+        expert.check_expert_parallel(plan, cfg)
     if plan.zero_stage == 1 and m.tp > 1:
         raise InvalidPlanError(f"zero_stage 1 with tp({m.tp}) > 1 is not supported by the runtime yet "
                                "(ZeroRedundancyOptimizer needs plain tensors, TP makes DTensors); "
                                "use zero_stage 0 or 2")
+    if m.pp > 1:
+        pipeline_lower.check_pipeline(plan, cfg)
     if plan.recompute and len(plan.recompute) != cfg["layers"]:
         raise InvalidPlanError(f"plan.recompute has {len(plan.recompute)} entries but the model has "
                                f"{cfg['layers']} layers; give one per layer")
@@ -85,13 +94,16 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
 
 
 def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
-    """dp outermost, tp innermost (tp ranks are neighbours, on one node when there are several).
+    """pp outermost, then dp, tp innermost (tp ranks are neighbours, on one node when there are several).
 
     Plain DP with TP gets a size-1 "dp_shard" axis: FSDP2 in HSDP form with a shard group of one
     replicates the parameters and all-reduces the gradients (DDP semantics), which DDP itself
     cannot do over DTensor parameters.
     """
-    dims = [("dp", plan.mesh.dp)]
+    dims = ([("pp", plan.mesh.pp)] if plan.mesh.pp > 1 else []) + [("dp", plan.mesh.dp)]
+    hsdp = pipeline_lower.hsdp_for_plain_dp(plan) or expert.hsdp_for_plain_dp(plan)
+    if hsdp and plan.mesh.dp > 1 and plan.mesh.tp == 1:
+        dims.append(("dp_shard", 1))
     if plan.mesh.tp > 1:
         if plan.zero_stage == 0 and plan.mesh.dp > 1:
             dims.append(("dp_shard", 1))
@@ -123,14 +135,15 @@ def _data_parallel(plan: Plan, layers: int) -> list[Step]:
     dp, zero = plan.mesh.dp, plan.zero_stage
     if dp == 1:
         return []  # nothing to replicate or shard over
-    if plan.mesh.tp == 1 and zero <= 1:
+    if plan.mesh.tp == 1 and plan.mesh.ep == 1 and zero <= 1:
         return [DataParallel(module="", mesh_axis="dp")] + ([ShardOptimizer(mesh_axis="dp")] if zero == 1 else [])
     axes = ("dp", "dp_shard") if zero == 0 else ("dp",)
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
     # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
     # head and the embedding are needed again as soon as backward starts.
-    steps: list[Step] = [FullyShard(module=f"layers.{i}", mesh_axes=axes, reshard_after_forward=zero == 3)
-                         for i in range(layers)]
+    steps: list[Step] = expert.expert_data_parallel(plan, layers) if plan.mesh.ep > 1 else []
+    steps += [FullyShard(module=f"layers.{i}", mesh_axes=axes, reshard_after_forward=zero == 3)
+              for i in range(layers)]
     steps.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))
     return steps
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..ir import InvalidPlanError, parse_placement
+from ..ir import InvalidPlanError, Schedule, parse_placement
 
 
 class StyleKind(StrEnum):
@@ -160,8 +160,80 @@ class ShardOptimizer:
     mesh_axis: str = "dp"
 
 
-Step = BuildMesh | TensorParallel | Recompute | FullyShard | DataParallel | ShardOptimizer
-STEP_KINDS: tuple[type, ...] = (BuildMesh, TensorParallel, Recompute, FullyShard, DataParallel, ShardOptimizer)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitPipeline:
+    """Pipeline parallelism (``torch.distributed.pipelining``): keep only this rank's stages of the model.
+
+    Stage ``c`` holds layers ``[first, last)`` of ``stages[c]`` (the first stage also the embedding,
+    the last the final norm and output head) and runs on pp rank ``c % pp``, ``vp`` stages per rank.
+    Later steps name modules of the whole model and apply to the stage that holds them.
+    """
+
+    stages: tuple[tuple[int, int], ...]
+    schedule: Schedule
+    vp: int = 1
+    mesh_axis: str = "pp"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", Schedule(self.schedule))
+        object.__setattr__(self, "stages", tuple((int(a), int(b)) for a, b in self.stages))
+        if self.vp < 1 or len(self.stages) < 2 or len(self.stages) % self.vp:
+            raise InvalidPlanError(f"SplitPipeline: {len(self.stages)} stages do not split into pp ranks of "
+                                   f"vp({self.vp}) stages each (at least 2 stages)")
+        expect = 0
+        for first, last in self.stages:
+            if first != expect or last <= first:
+                raise InvalidPlanError(f"SplitPipeline: stages must cover the layers in order, got {self.stages}")
+            expect = last
+
+    @property
+    def pp_size(self) -> int:
+        return len(self.stages) // self.vp
+
+
+EXPERT_AXES = ("edp", "ep")  # axes only the expert mesh has; a FullyShard over them shards on that mesh
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertMesh:
+    """The experts' view of BuildMesh's ranks (``DeviceMesh`` over the same rank tensor, reshaped):
+    ``split_axis`` (dp) split into ``("edp", dp/ep), ("ep", ep)``, ep innermost as in Megatron-Core;
+    the other axes as BuildMesh has them. ``dims`` lists every axis of the expert mesh in order."""
+
+    dims: tuple[tuple[str, int], ...]
+    split_axis: str = "dp"
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.dims]
+        if not set(EXPERT_AXES) <= set(names) or len(set(names)) != len(names):
+            raise InvalidPlanError(f"ExpertMesh: axes must be distinct and include {EXPERT_AXES}, got {self.dims}")
+
+    @property
+    def world_size(self) -> int:
+        return BuildMesh(dims=self.dims).world_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertParallel:
+    """Expert parallelism of one stacked-experts module (dim 0 is the expert) over ``expert_mesh[axis]``:
+    each rank keeps ``num_experts / ep_size`` experts; token slots reach them by ``all_to_all_single``
+    (``meshplan.runtime.expert.shard_experts``: PyTorch has no ready-made MoE dispatch)."""
+
+    module: str
+    num_experts: int
+    ep_size: int
+    mesh_axis: str = "ep"
+
+    def __post_init__(self) -> None:
+        if self.ep_size < 2 or self.num_experts % self.ep_size:
+            raise InvalidPlanError(f"ExpertParallel({self.module}): ep_size({self.ep_size}) must be at least 2 "
+                                   f"and divide num_experts({self.num_experts})")
+
+
+Step = (BuildMesh | SplitPipeline | TensorParallel | ExpertMesh | ExpertParallel | Recompute | FullyShard
+        | DataParallel | ShardOptimizer)
+STEP_KINDS: tuple[type, ...] = (BuildMesh, SplitPipeline, TensorParallel, ExpertMesh, ExpertParallel, Recompute,
+                                FullyShard, DataParallel, ShardOptimizer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,9 +18,12 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from ..codegen import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
-                       TensorParallel)
+from ..codegen import (BuildMesh, DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program,
+                       Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
+from ..codegen.expert import on_expert_mesh
 from ..ir import InvalidPlanError
+from .expert import build_expert_mesh, expert_parallel
+from .pipeline import run_on_stages, split_pipeline
 from .styles import parallel_style, torch_op
 
 
@@ -33,6 +36,8 @@ class State:
     mesh: DeviceMesh | None = None
     zero1_axis: str | None = None  # set by ShardOptimizer: the optimizer is built sharded over this axis
     ddp: bool = False  # the root is a DistributedDataParallel wrapper
+    pipeline: Any = None  # set by SplitPipeline: this rank's stages (runtime.pipeline.Pipeline)
+    expert_mesh: DeviceMesh | None = None  # set by ExpertMesh: the same ranks with dp split into (edp, ep)
 
     def get(self, path: str) -> nn.Module:
         return self.model.get_submodule(path) if path else self.model
@@ -77,7 +82,8 @@ def _recompute(step: Recompute, state: State) -> None:
 
 def _fully_shard(step: FullyShard, state: State) -> None:
     axes = step.mesh_axes
-    mesh = state.mesh[axes[0]] if len(axes) == 1 else state.mesh[axes]
+    whole = state.expert_mesh if on_expert_mesh(axes) else state.mesh
+    mesh = whole[axes[0]] if len(axes) == 1 else whole[axes]
     fully_shard(state.get(step.module), mesh=mesh, reshard_after_forward=step.reshard_after_forward)
 
 
@@ -92,8 +98,9 @@ def _shard_optimizer(step: ShardOptimizer, state: State) -> None:
 
 
 EXECUTORS: dict[type, Callable[[Any, State], None]] = {
-    BuildMesh: _build_mesh, TensorParallel: _tensor_parallel, Recompute: _recompute,
+    BuildMesh: _build_mesh, SplitPipeline: split_pipeline, TensorParallel: _tensor_parallel, Recompute: _recompute,
     FullyShard: _fully_shard, DataParallel: _data_parallel, ShardOptimizer: _shard_optimizer,
+    ExpertMesh: build_expert_mesh, ExpertParallel: expert_parallel,
 }
 
 
@@ -109,4 +116,7 @@ def run_step(step: Step, state: State) -> None:
     executor = EXECUTORS.get(type(step))
     if executor is None:
         raise NotImplementedError(f"the runtime has no executor for {type(step).__name__}")
+    if state.pipeline is not None and hasattr(step, "module"):
+        run_on_stages(step, state, executor)  # on the local stage(s) that hold step.module
+        return
     executor(step, state)

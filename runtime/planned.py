@@ -22,8 +22,11 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..codegen import Program, lower
 from ..ir import InvalidPlanError, Plan
+from .checkpoint import load_checkpoint, save_checkpoint
 from .distributed import device_for_rank, init_distributed
+from .expert import expert_shard_groups, gather_expert_shard
 from .interpret import State, execute
+from .pipeline import build_schedule, full_parameters as pipeline_parameters, run_schedule
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,6 +62,10 @@ class PlannedModule:
         self.dp_rank: int = self.mesh.get_local_rank(program.dp_axis)
         self.dp_group = self.mesh[program.dp_axis].get_group()
         self._ddp = state.ddp
+        self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
+        if self.pipeline is not None:
+            build_schedule(self.pipeline, program, self.device, loss_fn)
+        self.steps_done = 0  # optimizer steps taken by step() or restored by load(): the data position
 
     def local_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This dp rank's contiguous slice of a global batch (the same tensors on every rank)."""
@@ -88,6 +95,17 @@ class PlannedModule:
         self.module.set_requires_gradient_sync(last)  # FSDP2 (HSDP as DDP) keeps unreduced gradients
         return contextlib.nullcontext()
 
+    def _accumulate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of each micro-batch; returns this rank's mean loss."""
+        n = self.program.num_microbatches
+        loss_sum = torch.zeros((), device=self.device)
+        for mb, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            with self._sync(mb == n - 1):
+                loss = self.loss_fn(self.module(x.to(self.device)), y.to(self.device)) / n
+                loss.backward()
+            loss_sum += loss.detach()
+        return loss_sum
+
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, local: bool = False) -> float:
         """Forward, backward and optimizer step; returns the global mean loss (the same on every rank).
 
@@ -98,24 +116,40 @@ class PlannedModule:
             self._check_local(inputs)
         else:
             inputs, targets = self.local_batch(inputs, targets)
-        n = self.program.num_microbatches
-        loss_sum = torch.zeros((), device=self.device)
-        for mb, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
-            with self._sync(mb == n - 1):
-                loss = self.loss_fn(self.module(x.to(self.device)), y.to(self.device)) / n
-                loss.backward()
-            loss_sum += loss.detach()
+        if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
+            loss_sum = run_schedule(self.pipeline, inputs, targets, self.program.num_microbatches, self.device)
+        else:
+            loss_sum = self._accumulate(inputs, targets)
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self.steps_done += 1
         dist.all_reduce(loss_sum, group=self.dp_group)  # the global mean loss: average over the dp ranks
         return loss_sum.item() / self.dp_size
+
+    def save(self, path: str, *, step: int | None = None) -> None:
+        """Write a sharded checkpoint (model, optimizer, ``step`` (default ``steps_done``), RNG) to the
+        directory ``path`` with torch.distributed.checkpoint; it loads under any plan of the same
+        model. A collective: call it on every rank."""
+        save_checkpoint(self, path, step=self.steps_done if step is None else step)
+
+    def load(self, path: str) -> int:
+        """Load a checkpoint saved under any plan of the same model, resharding as this plan needs;
+        sets and returns ``steps_done``. Raises ``runtime.checkpoint.CheckpointError`` naming the
+        parameters that do not match if it is from another model. A collective."""
+        self.steps_done = load_checkpoint(self, path)
+        return self.steps_done
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter as a whole tensor, under the original model's names (wrapper prefixes
         dropped). A collective: call it on every rank."""
+        if self.pipeline is not None:  # each rank holds only its stages: gather them over pp
+            return pipeline_parameters(self.module, self.pipeline)
         out = {}
+        ep_groups = expert_shard_groups(self.module)  # expert parallelism: each ep rank holds E / ep experts
         for name, param in self.module.named_parameters():
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            if id(param) in ep_groups:
+                full = gather_expert_shard(full, ep_groups[id(param)])
             clean = name.replace("_checkpoint_wrapped_module.", "")
             out[clean.removeprefix("module.") if self._ddp else clean] = full.detach().cpu()
         return out

@@ -28,8 +28,11 @@ from typing import Any
 
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp"})  # grows as the runtime does: pp, cp, ep
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep"})  # grows as the runtime does: pp, cp
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
+ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
+EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
+EP_OVER_CP = "ep_cp"  # ep ranks taken from cp as well as dp (the runtime folds ep inside dp only)
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 256
@@ -115,11 +118,18 @@ def _meshes(dims: ModelDims, world: int, gpus_per_node: int, seq_len: int, fixed
             pps = [p for p in divisors(rest // cp) if p == 1 or ("pp" in runtime and p <= dims.layers)]
             for pp in pps:
                 dp = rest // cp // pp
-                eps = [e for e in divisors(dp * cp) if e == 1 or ("ep" in runtime and dims.experts and dims.experts % e == 0)]
-                for ep in eps:
+                for ep in _expert_degrees(dims, dp, cp, pp, runtime):
                     mesh = dict(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
                     if all(fixed.get(k, v) == v for k, v in mesh.items()):
                         yield mesh
+
+
+def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozenset) -> list[int]:
+    """ep degrees: divisors of the experts and of dp * cp (of dp alone, and without pp, where the
+    runtime says so)."""
+    if not dims.experts or "ep" not in runtime or (pp > 1 and EP_WITH_PP not in runtime):
+        return [1]
+    return [e for e in divisors(dp * cp if EP_OVER_CP in runtime else dp) if dims.experts % e == 0]
 
 
 def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tuple[Schedule, int]]:
@@ -142,7 +152,8 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
         zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z and (z == 0 or mesh["dp"] > 1)
-                 and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)]
+                 and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)
+                 and not (z == 1 and mesh["ep"] > 1 and ZERO1_WITH_EP not in runtime)]
         for zero, sp in product(zeros, sps):
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
                 for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):

@@ -107,7 +107,7 @@ def test_recompute_per_layer_between_tp_and_fsdp() -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(cp=2), "context parallelism (cp=2) is not supported by the runtime yet"),
-    (dict(dp=2, ep=2), "expert parallelism (ep=2) is not supported by the runtime yet"),
+    (dict(dp=2, ep=2), "expert parallelism (ep=2) needs a MoE model, but plan.model is family 'gpt'"),
     (dict(dp=2, tp=2, zero=1), "zero_stage 1 with tp(2) > 1 is not supported by the runtime yet"),
     (dict(family="llama", tp=4), "kv_heads(2) does not divide by tp(4)"),
     (dict(recompute=("full",) * 3), "plan.recompute has 3 entries but the model has 4 layers"),
@@ -119,10 +119,9 @@ def test_unsupported_plans_say_why(kwargs, message) -> None:
     assert message in str(err.value)
 
 
-def test_pipeline_is_refused() -> None:
-    p = dataclasses.replace(plan(), mesh=ir.Mesh(pp=2), stages=((0, 2), (2, 4)))
-    with pytest.raises(ir.InvalidPlanError, match=r"pipeline parallelism \(pp=2\) is not supported"):
-        lower(p)
+def test_pipeline_splits_stages_first() -> None:  # more in test_codegen_pipeline.py
+    p = dataclasses.replace(plan(), mesh=ir.Mesh(pp=2), stages=((0, 2), (2, 4)), schedule="gpipe")
+    assert lower(p).kinds()[:2] == ("BuildMesh", "SplitPipeline")
 
 
 def test_unknown_family_is_refused() -> None:

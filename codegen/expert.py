@@ -1,0 +1,111 @@
+"""Lowering expert parallelism (mesh.ep > 1, MoE models), and how its steps print.
+
+    BuildMesh                          ("dp", dp) [("dp_shard", 1)] [("tp", tp)]   as without ep
+    ExpertMesh                         ("edp", dp/ep) ("ep", ep) [("dp_shard", 1)] [("tp", tp)]
+    ExpertParallel(layers.i.mlp.experts)   after tensor parallelism, before recompute
+    FullyShard(layers.i.mlp.experts)   over ("edp", "dp_shard") (zero 0) or "edp" (zero 2/3), before
+                                       the blocks' FullyShard over dp, which then skips the experts
+
+The mesh is Megatron-Core's: ep is folded inside dp (``ir.Mesh``: ep divides dp * cp), ep innermost,
+so dp rank ``d = edp_rank * ep + ep_rank``; the expert mesh is the same rank tensor reshaped.
+Non-expert parameters stay data-parallel over all of dp; an expert shard is replicated only over
+edp (the ranks holding the same experts): "expert data parallelism". torchtitan builds the same
+pair of meshes (``dp_shard_mod_ep`` x ``dp_shard_in_ep``) and orders the steps the same way
+(``apply_moe_ep_tp`` before ``apply_ac`` before ``apply_fsdp``, experts sharded before their block).
+
+Plain DP (zero 0) becomes HSDP with a shard group of 1 for both meshes (DDP semantics; DDP over the
+root would all-reduce the expert shards over all of dp). Why the gradients come out right, and the
+dispatch itself: ``meshplan.runtime.expert``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir import InvalidPlanError, Plan
+from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FullyShard, Step
+
+EXPERTS = "mlp.experts"  # the stacked experts of a zoo MoE block (w1, w3: (E, h, f); w2: (E, f, h))
+
+
+def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
+    """Raise for expert-parallel plans the runtime cannot execute, with the numbers."""
+    m, experts = plan.mesh, int(plan.model.get("experts") or 0)
+    if cfg["family"] != "moe" or experts < 2:
+        raise InvalidPlanError(f"expert parallelism (ep={m.ep}) needs a MoE model, but plan.model is family "
+                               f"{cfg['family']!r} with {experts} experts; plan with ep=1")
+    if experts % m.ep:
+        raise InvalidPlanError(f"expert parallelism splits the experts over ep ranks, but experts({experts}) "
+                               f"does not divide by ep({m.ep}); use an ep that divides {experts}")
+    if m.dp % m.ep:
+        raise InvalidPlanError(f"the runtime folds ep inside dp (context parallelism is not executed yet), but "
+                               f"ep({m.ep}) does not divide dp({m.dp}); use an ep that divides {m.dp}")
+    if plan.zero_stage == 1:
+        raise InvalidPlanError(f"zero_stage 1 with ep({m.ep}) > 1 is not supported by the runtime yet "
+                               "(ZeroRedundancyOptimizer under DDP would mix the expert shards of all dp ranks); "
+                               "use zero_stage 0, 2 or 3")
+    if m.pp > 1:
+        raise InvalidPlanError(f"expert parallelism (ep={m.ep}) with pipeline parallelism (pp={m.pp}) is not "
+                               "supported by the runtime yet; plan with pp=1 or ep=1")
+
+
+def hsdp_for_plain_dp(plan: Plan) -> bool:
+    """Plain DP beside expert parallelism is HSDP with a shard group of 1 (see the module docstring)."""
+    return plan.mesh.ep > 1 and plan.zero_stage == 0
+
+
+def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], layers: int) -> list[Step]:
+    """The expert mesh, then each block's experts sharded over ep."""
+    ep, dp = plan.mesh.ep, plan.mesh.dp
+    dims: list[tuple[str, int]] = []
+    for name, size in mesh_dims:
+        dims += [("edp", dp // ep), ("ep", ep)] if name == "dp" else [(name, size)]
+    steps: list[Step] = [ExpertMesh(dims=tuple(dims))]
+    num_experts = int(plan.model["experts"])
+    steps += [ExpertParallel(module=f"layers.{i}.{EXPERTS}", num_experts=num_experts, ep_size=ep)
+              for i in range(layers)]
+    return steps
+
+
+def expert_data_parallel(plan: Plan, layers: int) -> list[Step]:
+    """FSDP of each block's expert shard over edp: HSDP-as-DDP (zero 0) or ZeRO-2/3 over edp."""
+    zero = plan.zero_stage
+    axes = ("edp", "dp_shard") if zero == 0 else ("edp",)
+    return [FullyShard(module=f"layers.{i}.{EXPERTS}", mesh_axes=axes, reshard_after_forward=zero == 3)
+            for i in range(layers)]
+
+
+def on_expert_mesh(axes: tuple[str, ...]) -> bool:
+    """Whether mesh axes name the expert mesh (``expert_mesh`` in a script) rather than BuildMesh's."""
+    return any(axis in EXPERT_AXES for axis in axes)
+
+
+# ---- printing (codegen.emit.EMITTERS) ---------------------------------------------------------
+
+def expert_mesh_lines(step: ExpertMesh, target: str) -> tuple[str, list[str]]:
+    sizes = ", ".join(str(n) for _, n in step.dims)
+    names = ", ".join(f'"{a}"' for a, _ in step.dims)
+    return "parallelize", [f"expert_mesh = DeviceMesh(mesh.device_type, mesh.mesh.reshape({sizes}), "
+                           f"mesh_dim_names=({names}))"]
+
+
+def expert_parallel_lines(step: ExpertParallel, target: str) -> tuple[str, list[str]]:
+    return "parallelize", [f'shard_experts({target}, expert_mesh["{step.mesh_axis}"])']
+
+
+def comment(step: Step) -> str | None:
+    """The comment above an expert-parallel step (lines joined by newlines), or None for other steps."""
+    if isinstance(step, ExpertMesh):
+        edp, ep = dict(step.dims)["edp"], dict(step.dims)["ep"]
+        return (f"# the experts' view of the same ranks: {step.split_axis} split into edp({edp}) x ep({ep}), ep "
+                "innermost (Megatron-Core):\n# an ep group shares its tokens among its experts, an edp group "
+                "holds replicas of the same experts")
+    if isinstance(step, ExpertParallel):
+        return (f"# expert parallelism over ep: each rank keeps {step.num_experts // step.ep_size} of the "
+                f"{step.num_experts} experts of every MoE block, and token slots\n# reach them by "
+                "all_to_all_single (PyTorch has no ready-made MoE dispatch: meshplan.runtime.expert has it)")
+    if isinstance(step, FullyShard) and on_expert_mesh(step.mesh_axes):
+        how = ("as HSDP with a shard group of 1" if len(step.mesh_axes) == 2
+               else f"as ZeRO-{3 if step.reshard_after_forward else 2} over edp")
+        return (f"# expert data parallelism: each expert shard is data-parallel over edp only, {how}\n"
+                "# (the dispatch makes their gradient the ep group's mean, so the edp average is the global mean)")
+    return None
