@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,10 +98,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ir.InvalidPlanError(f"the plan's mesh needs {plan.world_size} processes "
                                   f"({plan.mesh}) but --nproc is {args.nproc}")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
-           f"--master-port={_free_port()}", "-m", "meshplan.cli", "_train", str(args.plan), "--steps", str(args.steps),
-           "--seed", str(args.seed)]
+           *_rendezvous_flags(args.max_restarts), "-m", "meshplan.cli", "_train", str(args.plan),
+           "--steps", str(args.steps), "--seed", str(args.seed)]
+    temporary = args.checkpoint_every and not args.checkpoint_dir
+    checkpoint_dir = tempfile.mkdtemp(prefix="meshplan-ckpt-") if temporary else args.checkpoint_dir
+    cmd += _resume_flags(checkpoint_dir, args.checkpoint_every, args.save_final)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.call(cmd, env=env)
+    if args.max_restarts:
+        # restarted workers must not find the previous attempt's addresses in a store shared with the
+        # agent, or they connect to dead peers (pytorch/pytorch#135712): each attempt gets its own store
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    try:
+        return subprocess.call(cmd, env=env)
+    finally:
+        if temporary:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+def _rendezvous_flags(max_restarts: int) -> list[str]:
+    """Elastic (c10d) rendezvous when workers may be restarted: torchrun then stops and restarts
+    every worker when one dies, up to ``max_restarts`` times."""
+    if not max_restarts:
+        return [f"--master-port={_free_port()}"]
+    return [f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}"]
+
+
+def _resume_flags(checkpoint_dir: str | None, every: int, save_final: str | None) -> list[str]:
+    flags = ["--checkpoint-dir", checkpoint_dir] if checkpoint_dir else []
+    flags += ["--checkpoint-every", str(every)] if every else []
+    return flags + (["--save-final", save_final] if save_final else [])
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -113,8 +140,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     plan = load(args.plan)
     torch.manual_seed(args.seed)
     model = zoo.build_from_config(plan.model)
+    if args.checkpoint_dir or args.checkpoint_every or args.save_final:
+        from .runtime.resume import run_resumable
+
+        run_resumable(plan, model, steps=args.steps, seed=args.seed, checkpoint_dir=args.checkpoint_dir,
+                      checkpoint_every=args.checkpoint_every, save_final=args.save_final)
+        return 0
     run_training(plan, model, steps=args.steps, seed=args.seed)
     return 0
+
+
+def _checkpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="C",
+                   help="save a sharded checkpoint every C steps; a restarted job resumes from the newest")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="where checkpoints go (default with --checkpoint-every: a temporary directory)")
+    p.add_argument("--save-final", metavar="PATH", help="torch.save the full final parameters here (rank 0)")
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -150,11 +191,15 @@ def parser() -> argparse.ArgumentParser:
     rn.add_argument("--nproc", type=int, required=True)
     rn.add_argument("--steps", type=int, default=5)
     rn.add_argument("--seed", type=int, default=0)
+    rn.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                    help="restart all workers up to R times when one fails (resuming from the last checkpoint)")
+    _checkpoint_args(rn)
     rn.set_defaults(func=cmd_run)
     tr = sub.add_parser("_train")
     tr.add_argument("plan")
     tr.add_argument("--steps", type=int, default=5)
     tr.add_argument("--seed", type=int, default=0)
+    _checkpoint_args(tr)
     tr.set_defaults(func=cmd_train)
     zo = sub.add_parser("zoo", help="the model zoo")
     zo.add_argument("action", choices=("list",))

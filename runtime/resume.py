@@ -1,0 +1,139 @@
+"""Training that survives a crash: checkpoint every C steps, resume from the latest complete one.
+
+``meshplan run PLAN --nproc N --steps K --checkpoint-every C --max-restarts R`` launches torchrun
+elastically: when a worker dies, torchrun stops the others and starts all of them again (up to R
+times), and each one resumes from the newest complete checkpoint under the checkpoint directory.
+Data and optimizer state continue where the checkpoint left them (step counter, AdamW moments,
+RNG), so the job ends with the same losses and parameters as a run that never crashed.
+
+Layout: ``DIR/step-000004/`` per saved step. A save is written to ``step-000004.partial`` and
+renamed by rank 0 once every rank has finished (DCP writes ``.metadata`` last), so a crash during
+a save leaves no directory that looks complete.
+
+Fault injection for tests: with ``MESHPLAN_FAIL_AT_STEP=S`` (and ``MESHPLAN_FAIL_RANK=r``, default 0)
+rank r exits with status 1 just before step S, on the first attempt only
+(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..ir import Plan
+from .checkpoint import is_complete
+from .distributed import init_distributed
+from .planned import OptimizerFactory, PlannedModule, apply
+from .train import synthetic_batch
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+KEEP_LAST = 2  # checkpoints kept: the newest, and one more in case the newest is unreadable
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The complete checkpoint with the highest step under ``directory``, or None."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and is_complete(p)]
+    return max(found)[1] if found else None
+
+
+def save_step(pm: PlannedModule, directory: str | os.PathLike, step: int) -> Path:
+    """Save ``pm`` as ``directory/step-NNNNNN`` (written aside, renamed when complete) and keep the
+    newest ``KEEP_LAST``. A collective."""
+    root = Path(directory)
+    final, partial = root / f"step-{step:06d}", root / f"step-{step:06d}.partial"
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by an attempt that crashed while saving
+    dist.barrier()
+    pm.save(str(partial), step=step)
+    dist.barrier()  # every rank has written its shards (and rank 0 the metadata)
+    if rank0:
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        _prune(root)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path) -> None:
+    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
+    for _, path in steps[:-KEEP_LAST]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def maybe_fail(step: int) -> None:
+    """Fault injection (see the module docstring): exit this process before ``step`` if told to."""
+    fail_at = os.environ.get("MESHPLAN_FAIL_AT_STEP")
+    if not fail_at or int(fail_at) != step or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
+        return
+    if dist.get_rank() == int(os.environ.get("MESHPLAN_FAIL_RANK", "0")):
+        print(f"[meshplan] rank {dist.get_rank()}: injected failure before step {step}", flush=True)
+        os._exit(1)
+
+
+def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
+                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
+                  save_final: str | os.PathLike | None = None,
+                  optimizer: OptimizerFactory | None = None) -> list[float]:
+    """``train.run_training`` with checkpoints: resume from the newest complete checkpoint under
+    ``checkpoint_dir`` if there is one, save every ``checkpoint_every`` steps, and, if ``save_final``
+    is given, write the full final parameters there (``torch.save`` on rank 0). Rank 0 prints
+    ``step N loss X`` and the median step time after the first step of this attempt. Returns the
+    losses of the steps this attempt ran."""
+    if checkpoint_every and checkpoint_dir is None:
+        raise ValueError("checkpoint_every needs a checkpoint_dir")
+    created = init_distributed()
+    try:
+        pm = apply(plan, model, optimizer=optimizer)
+        start = _resume(pm, checkpoint_dir)
+        losses = _train(pm, plan, range(start + 1, steps + 1), seed, checkpoint_dir, checkpoint_every)
+        if save_final is not None:
+            params = pm.full_parameters()  # a collective: every rank takes part
+            if dist.get_rank() == 0:
+                torch.save(params, save_final)
+        return losses
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
+    latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    if latest is None:
+        return 0
+    step = pm.load(str(latest))
+    if dist.get_rank() == 0:
+        print(f"resumed from {latest} at step {step}", flush=True)
+    return step
+
+
+def _train(pm: PlannedModule, plan: Plan, steps: range, seed: int, checkpoint_dir: str | os.PathLike | None,
+           checkpoint_every: int) -> list[float]:
+    losses, times = [], []
+    rank0 = dist.get_rank() == 0
+    for step in steps:
+        maybe_fail(step)
+        start = time.perf_counter()
+        inputs, targets = synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, seed, step)
+        losses.append(pm.step(inputs, targets))
+        times.append(time.perf_counter() - start)
+        if rank0:
+            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+        if checkpoint_every and step % checkpoint_every == 0:
+            save_step(pm, checkpoint_dir, step)
+    if rank0 and times:
+        timed = times[1:] or times  # the first step pays for lazy initialization
+        print(f"median step time {statistics.median(timed):.4f} s over {len(timed)} steps after warm-up",
+              flush=True)
+    return losses

@@ -1,0 +1,123 @@
+"""Checkpoints on gloo: saved under one plan after 2 steps, loaded under another plan (other degrees,
+other ZeRO stage) into a model with other initial weights, trained 2 more steps: the losses and
+final parameters equal one process training 4 steps without a break (fp32, 1e-5). A checkpoint
+of another model names the parameters that differ. And ``meshplan run`` with a crash injected at
+step 3 and ``--max-restarts 1`` ends where an uninterrupted run ends."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from meshplan import ir
+from meshplan.codegen import lower
+
+from checkpoint_cases import TOTAL, plan_for
+from parity_support import make_plan, reference, run_ranks
+
+pytestmark = pytest.mark.slow
+
+SAVES = {
+    "gpt dp4 zero0": dict(model="gpt-tiny", plan=dict(dp=4)),
+    "gpt dp4 zero1": dict(model="gpt-tiny", plan=dict(dp=4, zero=1)),
+    "llama dp4 zero3": dict(model="llama-tiny", plan=dict(dp=4, zero=3, recompute=("full",) * 4)),
+}
+LOADS = [
+    dict(name="zero0 -> dp2 x tp2 sp zero3", save="gpt dp4 zero0", plan=dict(dp=2, tp=2, sp=True, zero=3)),
+    dict(name="zero1 -> dp2 x tp2 zero2", save="gpt dp4 zero1", plan=dict(dp=2, tp=2, zero=2, nmb=2)),
+    dict(name="zero0 -> dp4 zero1", save="gpt dp4 zero0", plan=dict(dp=4, zero=1)),
+    dict(name="llama zero3 -> dp2 x tp2 sp zero0", save="llama dp4 zero3", plan=dict(dp=2, tp=2, sp=True)),
+    dict(name="llama zero3 -> pp2 x tp2 sp", save="llama dp4 zero3", plan=dict(pp=2, tp=2, sp=True, nmb=2)),
+]
+
+
+def _runs(case: dict) -> bool:
+    """Whether the runtime executes the case's plan (pipeline parallelism may not be there yet)."""
+    try:
+        lower(plan_for(SAVES[case["save"]]["model"], **case["plan"]))
+    except ir.InvalidPlanError:
+        return False
+    return True
+
+
+LOADS = [case for case in LOADS if _runs(case)]
+
+
+_REFERENCES: dict[str, tuple] = {}
+
+
+def _reference(model: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    if model not in _REFERENCES:
+        _REFERENCES[model] = reference(model, steps=TOTAL)
+    return _REFERENCES[model]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("checkpoint4")
+    run_ranks(4, "checkpoint_cases:run_cases", {"saves": SAVES, "loads": LOADS, "errors": True}, tmp)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+@pytest.mark.parametrize("case", LOADS, ids=[c["name"] for c in LOADS])
+def test_a_checkpoint_loads_under_another_plan_and_training_continues(ranks, case) -> None:
+    model = SAVES[case["save"]]["model"]
+    ref_losses, ref_params = _reference(model)
+    saved = ranks[0][case["save"]]["losses"]
+    got = ranks[0][case["name"]]
+    assert got["step"] == 2 and got["steps_done"] == TOTAL
+    assert all(r[case["name"]]["losses"] == got["losses"] for r in ranks)
+    torch.testing.assert_close(torch.tensor(saved + got["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
+    assert sorted(got["params"]) == sorted(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(got["params"][name], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_a_checkpoint_of_another_model_names_the_parameters(ranks) -> None:
+    errors = ranks[0]["errors"]
+    assert re.search(r"'embed\.tok\.weight' has shape \(256, 64\) in the model but \(512, 64\) in the checkpoint",
+                     errors["other vocab"]), errors["other vocab"]
+    assert "is not in the checkpoint" in errors["other family"], errors["other family"]
+    assert "no complete checkpoint" in errors["missing"] and "does not exist" in errors["missing"]
+
+
+def _meshplan_run(tmp_path: Path, plan_path: Path, name: str, *extra: str, env: dict | None = None
+                  ) -> tuple[list[float], dict[str, torch.Tensor], str]:
+    """``meshplan run`` on 2 processes, 4 steps: the printed losses, the final parameters, stdout."""
+    final = tmp_path / f"{name}.pt"
+    cmd = [sys.executable, "-m", "meshplan.cli", "run", str(plan_path), "--nproc", "2", "--steps", str(TOTAL),
+           "--save-final", str(final), *extra]
+    # a session of its own, so that a timeout can stop torchrun's workers too, not only the cli
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    assert proc.returncode == 0, out + err
+    losses = {int(s): float(x) for s, x in re.findall(r"^step (\d+) loss (\S+)$", out, re.M)}
+    assert sorted(losses) == list(range(1, TOTAL + 1)), out
+    assert "median step time" in out
+    return [losses[s] for s in sorted(losses)], torch.load(final), out
+
+
+def test_meshplan_run_recovers_from_a_crash_with_the_same_result(tmp_path) -> None:
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(make_plan("gpt-tiny", dp=2, zero=3).to_json())
+    losses, params, _ = _meshplan_run(tmp_path, plan_path, "straight")
+    crash = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1"}
+    ckpt = tmp_path / "ckpt"
+    got_losses, got_params, out = _meshplan_run(tmp_path, plan_path, "crashed", "--checkpoint-every", "2",
+                                                "--max-restarts", "1", "--checkpoint-dir", str(ckpt), env=crash)
+    assert "injected failure before step 3" in out and "at step 2" in out, out
+    assert got_losses == pytest.approx(losses, abs=1e-5)
+    for name, ref in params.items():
+        torch.testing.assert_close(got_params[name], ref, atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000002", "step-000004"]
