@@ -158,6 +158,12 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-final", metavar="PATH", help="torch.save the full final parameters here (rank 0)")
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .runtime.calibrate import main as calibrate_main
+
+    return calibrate_main(["--nproc", str(args.nproc), "-o", args.output])
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     from . import zoo
 
@@ -201,6 +207,13 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     _checkpoint_args(tr)
     tr.set_defaults(func=cmd_train)
+    from .cli_estimate import add_parser as add_estimate
+
+    add_estimate(sub)
+    ca = sub.add_parser("calibrate", help="time this machine into a profile usable as --cluster profile.json")
+    ca.add_argument("--nproc", type=int, default=4)
+    ca.add_argument("-o", "--output", default="profile.json")
+    ca.set_defaults(func=cmd_calibrate)
     zo = sub.add_parser("zoo", help="the model zoo")
     zo.add_argument("action", choices=("list",))
     zo.set_defaults(func=cmd_zoo)

@@ -1,8 +1,9 @@
 """Cluster presets: data files ``presets/<name>.json`` and the ``NAME:NODESxGPUS`` spec.
 
 Every number in a preset is ``{"value": ..., "source": "..."}``: where it comes from (a datasheet,
-a paper, a measurement) or, for a placeholder, that it is one. ``meshplan calibrate`` writes the
-same format (schema ``meshplan.cluster/1``) from measurements, and ``cluster_from_dict`` reads it.
+a paper, a measurement) or, for a placeholder, that it is one. ``meshplan calibrate`` writes its raw
+timings instead (schema ``meshplan.profile/1``, read by ``profile.py``); ``parse_cluster`` takes
+either a preset spec or the path of such a profile.
 A tier's ``domain_size`` is a number of ranks, ``"node"`` (= gpus_per_node) or ``"world"``.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..ir.errors import InvalidClusterError
 from .hardware import Accelerator, Cluster, Tier
 
 SCHEMA = "meshplan.cluster/1"
-SPEC_FORM = "NAME:NODESxGPUS, e.g. h100-sxm:16x8"
+SPEC_FORM = "NAME:NODESxGPUS, e.g. h100-sxm:16x8, or a profile PATH.json from `meshplan calibrate`"
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(-?\d+)x(-?\d+))?$")
 _ACCEL_NUMBERS = ("memory_bytes", "reserved_bytes", "memory_bw_Bps", "memory_efficiency", "attention_efficiency",
                   "kernel_overhead_s")
@@ -46,7 +47,12 @@ def load_preset(name: str, *, nodes: int = 1, gpus_per_node: int | None = None) 
 
 
 def parse_cluster(spec: str) -> Cluster:
-    """``"h100-sxm:16x8"`` -> 16 nodes of 8 H100s; a plain ``"h100-sxm"`` is one node."""
+    """``"h100-sxm:16x8"`` -> 16 nodes of 8 H100s; a plain ``"h100-sxm"`` is one node; a path ending in
+    ``.json`` is a profile written by ``meshplan calibrate`` (``profile.py``)."""
+    if isinstance(spec, str) and spec.strip().endswith(".json"):
+        from .profile import cluster_from_profile
+
+        return cluster_from_profile(spec.strip())
     match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
     if match is None:
         raise InvalidClusterError(f"cluster spec {spec!r} is not of the form {SPEC_FORM}")

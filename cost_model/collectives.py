@@ -29,10 +29,16 @@ per node) gives busbw = 2(n-1)/n S / t -> min(0.8 * 300, 8 * 0.9 * 25) = 180 GB/
 
 B_i is the tier's per-GPU bandwidth times the achievable factor of its kind (``hardware.py``):
 every GPU has its own NIC (rail-optimized DGX/HGX), so groups that run side by side do not share it.
+
+``flat_collective_time`` is the other extreme: nothing is aggregated inside a domain, every rank's
+whole bus volume (nccl-tests' factor times S) crosses the slowest tier the group spans, on that
+rank's own link. That is how ZeRO++ (Wang et al. 2023, arXiv:2306.10209, sec. 3) accounts ZeRO-3's
+cross-node traffic, and it is what DeepSpeed ZeRO-3's throughput in Narayanan et al. 2021 Table 2
+shows: the step time stays constant as the GPU count doubles at a fixed batch and grows with the
+parameter count, at ~6-8 bytes per parameter over ~20 GB/s per GPU.
 """
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from functools import lru_cache
 
@@ -80,8 +86,8 @@ def group_phases(group_size: int, stride: int, cluster: Cluster) -> tuple[tuple[
     return tuple(phases)
 
 
-def _latency_s(phases: tuple[tuple[Tier, float], ...], steps_factor: float) -> float:
-    return sum(t.latency_s * steps_factor * math.ceil(math.log2(k)) for t, k in phases if k > 1)
+def _latency_s(phases: tuple[tuple[Tier, float], ...], steps_factor: float, kind: str) -> float:
+    return sum(t.latency_of(kind, round(k), steps_factor) for t, k in phases if k > 1)
 
 
 def collective_time(kind: str, nbytes: float, group_size: int, stride: int, cluster: Cluster) -> float:
@@ -92,19 +98,33 @@ def collective_time(kind: str, nbytes: float, group_size: int, stride: int, clus
         return 0.0
     if kind == Collective.SEND_RECV:
         tier = group_phases(2, stride, cluster)[-1][0]
-        return nbytes / tier.achievable_Bps + tier.latency_s
+        return nbytes / tier.bus_Bps(kind) + tier.latency_of(kind, 2)
     phases = group_phases(group_size, stride, cluster)
     if kind == Collective.BROADCAST:
-        slowest = min(t.achievable_Bps for t, _ in phases)
-        return nbytes / slowest + _latency_s(phases, 1.0)
+        slowest = min(t.bus_Bps(kind, round(k)) for t, k in phases)
+        return nbytes / slowest + _latency_s(phases, 1.0, kind)
     slowest, inner = 0.0, 1.0
     for tier, k in phases:
         if kind == Collective.ALL_TO_ALL:
-            phase_s = nbytes * (inner * k - inner) / group_size / tier.achievable_Bps
+            phase_s = nbytes * (inner * k - inner) / group_size / tier.bus_Bps(kind, round(k))
         else:
-            phase_s = nbytes / inner * (k - 1) / k / tier.achievable_Bps
+            phase_s = nbytes / inner * (k - 1) / k / tier.bus_Bps(kind, round(k))
         slowest = max(slowest, phase_s)
         inner *= k
     if kind == Collective.ALL_REDUCE:
-        return 2.0 * slowest + _latency_s(phases, 2.0)
-    return slowest + _latency_s(phases, 1.0)
+        return 2.0 * slowest + _latency_s(phases, 2.0, kind)
+    return slowest + _latency_s(phases, 1.0, kind)
+
+
+def flat_collective_time(kind: str, nbytes: float, group_size: int, stride: int, cluster: Cluster) -> float:
+    """Seconds for one collective whose per-rank bus volume all crosses the slowest tier the group
+    spans (no aggregation inside a node); equal to ``collective_time`` inside one domain."""
+    kind = Collective(kind)
+    if group_size <= 1 or nbytes <= 0:
+        return 0.0
+    phases = group_phases(group_size, stride, cluster)
+    if len(phases) <= 1 or kind in (Collective.SEND_RECV, Collective.BROADCAST):
+        return collective_time(kind, nbytes, group_size, stride, cluster)
+    slowest = min(t.bus_Bps(kind, round(k)) for t, k in phases)
+    steps = 2.0 if kind == Collective.ALL_REDUCE else 1.0
+    return bus_bytes(kind, nbytes, group_size) / slowest + _latency_s(phases, steps, kind)

@@ -11,7 +11,8 @@ after every micro-batch:
 
 * stage 0 (DDP): all-reduce of the gradients once per step (2 Psi (n-1)/n per rank);
 * stage 1: reduce-scatter of the gradients and all-gather of the updated parameters, once per step
-  (same 2 Psi volume);
+  (same 2 Psi volume); meshplan's runtime does ZeRO-1 as PyTorch does (DDP's all-reduce, then
+  ``ZeroRedundancyOptimizer`` broadcasts each owner's updated shard: 3 Psi, ``Software.zero1_allreduce``);
 * stage 2: per micro-batch, all-gather of the parameters and reduce-scatter of the gradients;
 * stage 3: per micro-batch, all-gather forward, all-gather again backward, reduce-scatter
   (3 Psi; 1.5x DP at m = 1).
@@ -23,22 +24,39 @@ gather waits. Whatever exceeds the compute window is exposed too::
 
     exposed = tail + max(0, comm - tail - window)
 
+Each collective is cut into calls, and every call pays the latency: DDP buckets of 25 MiB, one call
+per FSDP unit (a layer, and the root), one broadcast per owner of a ZeRO-1 optimizer shard.
+
+What overlaps depends on the program (``software.py``): without ``overlap_grad_reduce`` the
+gradient reduction waits in full after the backward (Megatron-LM 2021), without
+``overlap_param_gather`` so does ZeRO-1's gather of the updated parameters; a ZeRO-3 that prefetches
+only ``zero3_prefetch_params`` of a layer's ``bucket`` parameters (DeepSpeed) hides that share of
+each gather and waits for the rest. With ``zero3_regather_recompute`` the layers under full
+recomputation gather their parameters a third time, for the recomputed forward; with
+``zero3_flat`` the collectives are costed per GPU on its own link (``collectives.py``).
+
+On a shared-memory tier (CPU processes over gloo) a collective is copied and reduced by the same
+cores that compute, so overlapping it with compute saves nothing: all of it is exposed.
+
 The optimizer step (Adam) is memory-bound: about 36 bytes per parameter of its shard (fp32
 master, momentum and variance read and written, the gradient read for the update and for the
 global norm, the 16-bit copy written, the gradient zeroed). It is reported inside "compute".
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..ir.plan import Mesh
-from .collectives import bus_bytes, collective_time
-from .hardware import Cluster
+from .collectives import bus_bytes, collective_time, flat_collective_time, group_phases
+from .hardware import Cluster, TierKind
 from .memory import STATE_BYTES
 from .pipeline import RankLayers
+from .software import DEFAULT, Software
 from .summary import ModelSummary
 
 OPTIMIZER_BYTES_PER_PARAM = 36
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +66,7 @@ class RankParams:
     dense: float  # replicated over dp * cp
     expert: float  # replicated over dp * cp / ep
     bucket: float  # the largest unit: a layer, the embedding or the output layer
+    units: int = 1  # FSDP units: one per layer, one for the root (embedding, final norm, output layer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +87,8 @@ def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int) -> 
     if layers.last:
         dense += summary.head_params / tp
         edges.append(summary.head_params / tp)
-    return RankParams(dense=dense, expert=layers.layers * experts, bucket=max(edges))
+    units = layers.layers + (1 if layers.first or layers.last else 0)
+    return RankParams(dense=dense, expert=layers.layers * experts, bucket=max(edges), units=max(units, 1))
 
 
 def _overlap(comm_s: float, tail_s: float, window_s: float) -> float:
@@ -76,32 +96,70 @@ def _overlap(comm_s: float, tail_s: float, window_s: float) -> float:
     return tail_s + max(0.0, comm_s - tail_s - window_s)
 
 
-def _group(kind: str, nbytes: float, size: int, stride: int, cluster: Cluster) -> tuple[float, float]:
-    return collective_time(kind, nbytes, size, stride, cluster), bus_bytes(kind, nbytes, size)
+def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
+         software: Software) -> tuple[tuple[str, int, str, float, str], ...]:
+    """(collective, bytes per parameter, phase, share of the parameters, how it is cut into calls)
+    per step (stages 0, 1) or micro-batch (2, 3). Calls: DDP ``buckets`` of ``DDP_BUCKET_BYTES``, one
+    per FSDP ``unit``, or one broadcast per ``owner`` of an optimizer shard."""
+    if zero_stage == 0:
+        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"),)
+    if zero_stage == 1 and software.zero1_allreduce:
+        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"), ("all-gather", param_b, "update", 1.0, "owners"))
+    if zero_stage == 1:
+        return (("reduce-scatter", grad_b, "reduce", 1.0, "buckets"), ("all-gather", param_b, "update", 1.0, "buckets"))
+    if zero_stage == 2:
+        return (("all-gather", param_b, "fwd", 1.0, "units"), ("reduce-scatter", grad_b, "reduce", 1.0, "units"))
+    ops = (("all-gather", param_b, "fwd", 1.0, "units"), ("all-gather", param_b, "bwd", 1.0, "units"),
+           ("reduce-scatter", grad_b, "reduce", 1.0, "units"))
+    return ops + ((("all-gather", param_b, "bwd", regather, "units"),) if regather > 0 else ())
+
+
+def _calls(how: str, nbytes: float, params: RankParams, group_size: int) -> int:
+    if how == "units":
+        return params.units
+    if how == "owners":
+        return group_size
+    return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
 
 
 def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int, dtype: str,
-                       microbatches: int, fwd_window_s: float, bwd_window_s: float) -> DataParallelCost:
+                       microbatches: int, fwd_window_s: float, bwd_window_s: float, software: Software = DEFAULT,
+                       recomputed_share: float = 0.0) -> DataParallelCost:
+    """Exposed seconds and bus bytes of the DP/ZeRO traffic of one GPU. ``recomputed_share`` is the
+    share of its parameters in fully recomputed layers (gathered again under
+    ``software.zero3_regather_recompute``)."""
     param_b, grad_b, _ = STATE_BYTES[dtype]
+    grad_b = 4 if software.fp32_grad_reduce else grad_b
     replicas = mesh.dp * mesh.cp
     groups = [(params.dense, replicas, mesh.tp), (params.expert, replicas // mesh.ep, mesh.tp * mesh.ep)]
-    ops = {0: (("all-reduce", grad_b, "bwd"),),
-           1: (("reduce-scatter", grad_b, "bwd"), ("all-gather", param_b, "fwd")),
-           2: (("all-gather", param_b, "fwd"), ("reduce-scatter", grad_b, "bwd")),
-           3: (("all-gather", param_b, "fwd"), ("all-gather", param_b, "bwd"), ("reduce-scatter", grad_b, "bwd"))}
-    comm = {"fwd": 0.0, "bwd": 0.0}
-    tail = {"fwd": 0.0, "bwd": 0.0}
+    regather = recomputed_share if zero_stage == 3 and software.zero3_regather_recompute else 0.0
+    time_of = flat_collective_time if zero_stage == 3 and software.zero3_flat else collective_time
+    # gathers FSDP issues ahead of the layer: all of it, or DeepSpeed's prefetch bucket's share
+    ahead = 1.0 if software.zero3_prefetch_params is None else min(1.0, software.zero3_prefetch_params / params.bucket)
+    hidden = {"fwd": ahead, "bwd": ahead, "reduce": 1.0 if software.overlap_grad_reduce else 0.0,
+              "update": 1.0 if software.overlap_param_gather else 0.0}
+    under = {"fwd": "fwd", "bwd": "bwd", "reduce": "bwd", "update": "fwd"}  # the compute that can hide it
+    waits = 0.0
+    comm = dict.fromkeys(("fwd", "bwd"), 0.0)
+    tail = dict.fromkeys(("fwd", "bwd"), 0.0)
     moved = 0.0
     for count, size, stride in groups:
         if count <= 0 or size <= 1:
             continue
         share = min(params.bucket / count, 1.0)
-        for kind, elem_b, phase in ops[zero_stage]:
-            t, b = _group(kind, count * elem_b, size, stride, cluster)
-            comm[phase] += t
-            tail[phase] += t * share
-            moved += b
-    exposed = _overlap(comm["fwd"], tail["fwd"], fwd_window_s) + _overlap(comm["bwd"], tail["bwd"], bwd_window_s)
+        on_cores = all(t.kind == TierKind.SHARED_MEMORY for t, _ in group_phases(size, stride, cluster))
+        for kind, elem_b, phase, part, how in _ops(zero_stage, param_b, grad_b, regather, software):
+            # one collective's bandwidth time, plus the latency of every further call it is cut into
+            calls = _calls(how, part * count * elem_b, params, size)
+            t = part * time_of(kind, count * elem_b, size, stride, cluster)
+            t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
+            moved += part * bus_bytes(kind, count * elem_b, size)
+            hides = 0.0 if on_cores else hidden[phase]
+            waits += (1.0 - hides) * t
+            comm[under[phase]] += hides * t
+            tail[under[phase]] += hides * t * share
+    exposed = waits + _overlap(comm["fwd"], tail["fwd"], fwd_window_s) + _overlap(comm["bwd"], tail["bwd"],
+                                                                                   bwd_window_s)
     if zero_stage >= 2:
         return DataParallelCost(per_microbatch_s=exposed, per_step_s=0.0, bus_bytes=moved * microbatches)
     return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved)

@@ -1,4 +1,6 @@
-"""``estimate(graph, cluster, plan)``: the step time and the memory per GPU of a plan.
+"""``estimate(graph, cluster, plan, software=DEFAULT)``: the step time and the memory per GPU of a plan
+run by a program (``software.py``: its attention kernel and what it overlaps; meshplan's runtime
+by default).
 
 Step time, with m micro-batches, p pipeline ranks, t_r the time of one micro-batch (forward,
 backward and recomputation, with the TP/EP/CP communication inside it and the per-micro-batch
@@ -11,7 +13,10 @@ ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
          + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
          + optimizer step                     data_parallel.optimizer_step_s, reported in "compute"
 
-``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. FLOPs per GPU are the
+``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. When CPU ranks
+oversubscribe the cores (``Accelerator.shared_by`` > 1), a pipeline rank that waits lends its core
+to the others: the step is the mean rank's work, or the critical path (the slowest rank's work and
+bubble) at up to ``shared_by`` times the speed if that is longer. FLOPs per GPU are the
 step's FLOPs (flops.py) over the world; MFU divides the model FLOP/s per GPU by the dense peak of
 the plan's dtype (PaLM's definition, no recomputation counted), the hardware FLOP/s counts it.
 Memory is the most loaded GPU (footprint.py).
@@ -35,6 +40,7 @@ from .hardware import Cluster
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
 from .pipeline import RankLayers, bubble_s, rank_layers
+from .software import DEFAULT, Software
 from .summary import ModelSummary, summary_of
 
 FAMILIES = ("tp", "cp", "ep", "pp", "dp")
@@ -77,7 +83,7 @@ def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
 
 
 def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, summary: ModelSummary,
-               cluster: Cluster, plan: Plan) -> RankTime:
+               cluster: Cluster, plan: Plan, software: Software) -> RankTime:
     n = layers.layers
     fwd = n * layer.fwd_compute_s
     bwd = n * layer.bwd_compute_s + layers.full * layer.fwd_compute_s + layers.selective * layer.core_fwd_s
@@ -89,22 +95,47 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
         moved["tp"] += edge.comm_bytes_fwd["tp"]
     params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep)
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
-                            microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd)
+                            microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
+                            recomputed_share=layers.full / max(n, 1))
     opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage)
     return RankTime(compute_s=fwd + bwd, comm_s=comm + dp.per_microbatch_s, optimizer_s=opt, dp=dp,
                     tp_cp_ep_bytes=moved)
 
 
 def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: LayerShape,
-                ranks: tuple[RankLayers, ...]) -> list[RankTime]:
+                ranks: tuple[RankLayers, ...], software: Software) -> list[RankTime]:
+    """One entry per pipeline rank (ranks with the same layers are timed once)."""
     layer = layer_cost(shape, cluster)
     seen: dict[tuple, RankTime] = {}
+    out = []
     for r in ranks:
         key = (r.none, r.selective, r.full, r.first, r.last)
         if key not in seen:
             edge = edge_cost(shape, cluster, first=r.first, last=r.last) if (r.first or r.last) else None
-            seen[key] = _rank_time(r, layer, edge, summary, cluster, plan)
-    return list(seen.values())
+            seen[key] = _rank_time(r, layer, edge, summary, cluster, plan, software)
+        out.append(seen[key])
+    return out
+
+
+def _step_parts(times: list[RankTime], cluster: Cluster, plan: Plan, p2p_s: float) -> dict[str, float]:
+    """compute, exposed communication and bubble of a step (see the module docstring)."""
+    m, mesh = plan.num_microbatches, plan.mesh
+    slowest = max(times, key=lambda t: t.microbatch_s)
+    bubble = bubble_s(plan.schedule, mesh.pp, plan.vp, slowest.microbatch_s)
+    per_step = max(t.dp.per_step_s for t in times)
+    parts = {"compute": m * slowest.compute_s + max(t.optimizer_s for t in times),
+             "exposed_comm": m * slowest.comm_s + p2p_s + per_step, "bubble": bubble}
+    shared = cluster.accelerator.shared_by
+    if shared <= 1 or mesh.pp <= 1:
+        return parts
+    # oversubscribed cores: a rank idle in the bubble or ahead of the slowest stage lends its core, so the
+    # step is the mean rank's work, unless the critical path at up to ``shared`` times the speed is longer
+    mean = {k: sum(getattr(t, k) for t in times) / len(times) for k in ("compute_s", "comm_s", "optimizer_s")}
+    parts = {"compute": m * mean["compute_s"] + mean["optimizer_s"],
+             "exposed_comm": m * mean["comm_s"] + p2p_s + per_step, "bubble": 0.0}
+    critical = (m * slowest.microbatch_s + bubble + slowest.optimizer_s) / shared + p2p_s + per_step
+    parts["bubble"] = max(0.0, critical - sum(parts.values()))
+    return parts
 
 
 def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[float, float]:
@@ -118,26 +149,22 @@ def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[
     return transfers * collective_time("send-recv", act, 2, m.dp * m.cp * m.tp, cluster), transfers * act
 
 
-def estimate(graph: Graph, cluster: Cluster, plan: Plan) -> Prediction:
-    """Predicted step time and per-GPU memory of ``plan`` for ``graph`` on ``cluster``.
-    ``plan.prediction`` is ignored."""
+def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software = DEFAULT) -> Prediction:
+    """Predicted step time and per-GPU memory of ``plan`` for ``graph`` on ``cluster``, run by
+    ``software``. ``plan.prediction`` is ignored."""
     summary = summary_of(graph)
     dims = summary.dims
     check_plan(dims, cluster, plan)
     mesh, m = plan.mesh, plan.num_microbatches
     shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
-                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype)
+                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype, software=software)
     ranks = rank_layers(plan, dims.layers)
-    times = _rank_times(summary, cluster, plan, shape, ranks)
-    slowest = max(times, key=lambda t: t.microbatch_s)
+    times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
-    compute = m * slowest.compute_s + max(t.optimizer_s for t in times)
-    exposed = m * slowest.comm_s + p2p_s + max(t.dp.per_step_s for t in times)
-    bubble = bubble_s(plan.schedule, mesh.pp, plan.vp, slowest.microbatch_s)
-    step = compute + exposed + bubble
-    memory = peak_memory(summary, plan, ranks)
-    time_s = {"compute": compute, "exposed_comm": exposed, "bubble": bubble}
-    return _prediction(dims, cluster, plan, ranks, step, time_s, memory, _comm_bytes(times, m, p2p_bytes))
+    time_s = _step_parts(times, cluster, plan, p2p_s)
+    memory = peak_memory(summary, plan, ranks, software)
+    return _prediction(dims, cluster, plan, ranks, sum(time_s.values()), time_s, memory,
+                       _comm_bytes(times, m, p2p_bytes))
 
 
 def _comm_bytes(times: list[RankTime], microbatches: int, p2p_bytes: float) -> dict[str, float]:
@@ -165,8 +192,9 @@ def _prediction(dims: ModelDims, cluster: Cluster, plan: Plan, ranks: tuple[Rank
                       memory_limit_bytes=cluster.accelerator.usable_memory_bytes, comm_bytes=comm_bytes)
 
 
-def memory_breakdown(graph: Graph, cluster: Cluster, plan: Plan) -> dict[str, float]:
+def memory_breakdown(graph: Graph, cluster: Cluster, plan: Plan, *,
+                     software: Software = DEFAULT) -> dict[str, float]:
     """Bytes of the most loaded GPU by kind: params, grads, optimizer, activations, buffers."""
     summary = summary_of(graph)
     check_plan(summary.dims, cluster, plan)
-    return peak_memory(summary, plan, rank_layers(plan, summary.dims.layers))
+    return peak_memory(summary, plan, rank_layers(plan, summary.dims.layers), software)

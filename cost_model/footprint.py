@@ -26,16 +26,17 @@ from .data_parallel import rank_params
 from .flops import kv_width
 from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
 from .pipeline import RankLayers, inflight_microbatches
+from .software import DEFAULT, Software
 from .summary import ModelSummary
 
 ALLOCATOR_FRACTION = 0.10
 KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
-def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers) -> float:
+def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
     d, mesh = summary.dims, plan.mesh
     common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=mesh.tp, sp=plan.sequence_parallel,
-                  cp=mesh.cp, dtype=plan.dtype)
+                  cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout)
     per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
@@ -71,7 +72,8 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float) -> fl
     return total
 
 
-def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers) -> dict[str, float]:
+def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
+                software: Software = DEFAULT) -> dict[str, float]:
     """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
     mesh = plan.mesh
     params = rank_params(summary, layers, mesh.tp, mesh.ep)
@@ -79,7 +81,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers) -> dict[s
     dense = state_bytes(params.dense, dp=replicas, zero_stage=plan.zero_stage, dtype=plan.dtype)
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=plan.dtype)
     states = {k: dense[k] + expert[k] for k in dense}
-    activations = _activations(summary, plan, layers)
+    activations = _activations(summary, plan, layers, software)
     buffers = _comm_buffers(summary, plan, params.bucket)
     optimizer_temp = states["optimizer"] / STATE_BYTES[plan.dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
@@ -87,10 +89,11 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers) -> dict[s
     return {**states, "activations": activations, "buffers": buffers}
 
 
-def peak_memory(summary: ModelSummary, plan: Plan, ranks: tuple[RankLayers, ...]) -> dict[str, float]:
+def peak_memory(summary: ModelSummary, plan: Plan, ranks: tuple[RankLayers, ...],
+                software: Software = DEFAULT) -> dict[str, float]:
     """The memory of the most loaded GPU. Ranks with the same layers differ only in micro-batches in
     flight, which never grow with the rank, so the first rank of each kind is the one to check."""
     firsts: dict[tuple, RankLayers] = {}
     for r in ranks:
         firsts.setdefault((r.none, r.selective, r.full, r.first, r.last), r)
-    return max((rank_memory(summary, plan, r) for r in firsts.values()), key=lambda m: sum(m.values()))
+    return max((rank_memory(summary, plan, r, software) for r in firsts.values()), key=lambda m: sum(m.values()))

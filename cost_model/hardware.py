@@ -19,10 +19,15 @@ Nominal is not achievable. One factor per kind of tier turns one into the other
 * shared-memory (gloo between CPU processes): 1.0; the cpu preset's numbers are already effective
   placeholders, to be replaced by ``meshplan calibrate``.
 
+A tier measured by ``meshplan calibrate`` (``profile.py``) is already achievable (``measured``: no
+factor) and carries, per collective kind and group size, the latency of one call and the bus
+bandwidth fitted to the timings.
+
 Everything here is a frozen value; nothing queries the machine.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -72,6 +77,7 @@ class Accelerator:
     kernel_overhead_s: float
     compute_units: int  # SMs (NVIDIA), CUs (AMD), matrix units (TPU): tiles of one wave
     matmul_tile_elems: int  # output elements of one matmul tile (256 x 128 on NVIDIA)
+    shared_by: float = 1.0  # ranks per core when CPU processes oversubscribe the cores (a profile's P / C)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,11 +104,14 @@ class Accelerator:
                                       f"[0, memory_bytes({self.memory_bytes:.3g}))")
         if not self.kernel_overhead_s >= 0:
             raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
+        if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
+            raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
         object.__setattr__(self, "_hash", hash((
             self.name, tuple(sorted(self.peak_flops.items())), tuple(sorted(self.matmul_efficiency.items())),
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
-            self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems)))
+            self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
+            self.shared_by)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -132,9 +141,18 @@ class Tier:
     domain_size: int
     bandwidth_Bps: float  # nominal, per GPU, one direction
     latency_s: float  # per algorithm step (alpha)
+    measured: bool = False  # numbers from a calibration: already achievable
+    # measured (kind, group_size, latency of one call in s, bus bandwidth in B/s)
+    collectives: tuple[tuple[str, int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         who = f"tier {self.name!r}"
+        object.__setattr__(self, "collectives", tuple(tuple(c) for c in self.collectives))
+        for kind, size, call_s, bus in self.collectives:
+            _positive(who, f"collectives[{kind!r}, {size}] bandwidth_Bps", bus)
+            if not call_s >= 0 or not size >= 2:
+                raise InvalidClusterError(f"{who}: collectives[{kind!r}, {size!r}] needs a group of at least 2 and "
+                                          f"a latency >= 0, got {call_s!r}")
         try:
             object.__setattr__(self, "kind", TierKind(self.kind))
         except ValueError:
@@ -148,7 +166,29 @@ class Tier:
 
     @property
     def achievable_Bps(self) -> float:
-        return self.bandwidth_Bps * BUS_EFFICIENCY[self.kind]
+        return self.bandwidth_Bps * (1.0 if self.measured else BUS_EFFICIENCY[self.kind])
+
+    def _measured(self, collective: str, group_size: int) -> tuple[int, float, float] | None:
+        """(group size, call latency, bus bandwidth) measured for ``collective`` at the group size
+        nearest to ``group_size`` (in log2), or None."""
+        rows = [(size, call_s, bus) for kind, size, call_s, bus in self.collectives if kind == collective]
+        if not rows:
+            return None
+        return min(rows, key=lambda r: (abs(math.log2(r[0]) - math.log2(max(group_size, 2))), r[0]))
+
+    def bus_Bps(self, collective: str, group_size: int = 2) -> float:
+        """Achievable bus bandwidth of ``collective`` over ``group_size`` ranks here."""
+        row = self._measured(collective, group_size)
+        return self.achievable_Bps if row is None else row[2]
+
+    def latency_of(self, collective: str, group_size: int, steps_factor: float = 1.0) -> float:
+        """Seconds of latency of one ``collective`` over ``group_size`` ranks: measured, scaled by the
+        tree depth ceil(log2 n) from the nearest measured size; else ``latency_s`` per step."""
+        depth = math.ceil(math.log2(max(group_size, 2)))
+        row = self._measured(collective, group_size)
+        if row is None:
+            return self.latency_s * steps_factor * depth
+        return row[1] * depth / math.ceil(math.log2(row[0]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +239,14 @@ class Cluster:
         from .catalog import load_preset
 
         return load_preset(name, nodes=nodes, gpus_per_node=gpus_per_node)
+
+    @classmethod
+    def from_profile(cls, path: str, *, expect_kind: str | None = None) -> "Cluster":
+        """The machine ``meshplan calibrate`` measured (``profile.py``); with ``expect_kind``, refuse a
+        profile measured on another kind of machine."""
+        from .profile import cluster_from_profile
+
+        return cluster_from_profile(path, expect_kind=expect_kind)
 
     def __str__(self) -> str:
         return self.spec

@@ -25,6 +25,16 @@ gradient ``(m, n) @ (n, k)`` and the weight gradient ``(k, m) @ (m, n)``.
 Fused attention (FlashAttention, Dao 2023; PyTorch SDPA) runs at ``attention_efficiency`` of peak
 and skips the masked half of a causal score matrix; its backward does 5 matmuls to the forward's 2
 (it recomputes the scores), hence 2.5x the forward time.
+
+Plain attention (Megatron-LM's ``CoreAttention`` before FlashAttention) writes the scores: per head
+``S = Q K^T`` is a batched matmul ``(s, d) @ (d, s)`` whose s^2 output goes to memory, a fused
+scale-mask-softmax reads and writes it (4 bytes per score at 2-byte elements), an attention dropout
+reads it and writes its output and a 1-byte mask (5), and ``P V`` reads it back. Causal masking
+saves nothing: the whole s x s matrix is computed. Every batched matmul is timed with the roofline
+above, and with d = 64..128 they sit under the ridge (intensity ~ d FLOP/byte against ~166 on
+A100), so the s^2 traffic sets their time. The backward has four batched matmuls (dP = dO V^T,
+dV = P^T dO, dQ = dS K, dK = dS^T Q), a dropout backward (5 bytes per score) and a softmax backward
+(reads the gradient and the saved output, writes one: 6).
 """
 from __future__ import annotations
 
@@ -60,6 +70,22 @@ def matmul_fwd_bwd_s(accel: Accelerator, dtype: str, m: float, n: float, k: floa
 def memory_time_s(accel: Accelerator, moved_bytes: float, kernels: int) -> float:
     """Elementwise/normalization kernels that read and write ``moved_bytes`` in total."""
     return moved_bytes / (accel.memory_bw_Bps * accel.memory_efficiency) + kernels * accel.kernel_overhead_s
+
+
+def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: float, q_len: float, kv_len: float,
+                              head_dim: float, elem_bytes: int, dropout: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of an unfused attention core over ``batch_heads`` = b * a/tp heads
+    of ``q_len`` queries against ``kv_len`` keys."""
+    m, s, d = batch_heads * q_len, kv_len, head_dim
+    scores = m * s  # b * a * s_q * s_k elements
+    scores_like = matmul_time_s(accel, dtype, m, s, d, elem_bytes)  # (s, d) @ (d, s) -> s^2: QK^T, dP
+    values_like = matmul_time_s(accel, dtype, m, d, s, elem_bytes)  # (s, s) @ (s, d): PV, dV, dQ, dK
+    fwd_pass = (4 + (5 if dropout else 0)) * scores / 2 * elem_bytes  # softmax r+w; dropout r+w+mask
+    bwd_pass = (6 + (5 if dropout else 0)) * scores / 2 * elem_bytes
+    kernels = 2 if dropout else 1
+    fwd = scores_like + values_like + memory_time_s(accel, fwd_pass, kernels)
+    bwd = scores_like + 3 * values_like + memory_time_s(accel, bwd_pass, kernels)
+    return fwd, bwd
 
 
 def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,

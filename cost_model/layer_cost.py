@@ -13,12 +13,22 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
 
 * TP: 2 all-reduces of m*h per forward and 2 per backward (Narayanan 2021 sec. 3.2); with SP each
   becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022 sec. 4.2.2).
-  Group: tp ranks, stride 1.
+  Group: tp ranks, stride 1. Megatron keeps only the sequence-sharded input of the two column-parallel
+  GEMMs (that is SP's memory saving) and all-gathers it again in the backward for their weight
+  gradients (``Software.sp_regather``; Megatron-LM's ``LinearWithGradAccumulationAndAsync...``): 2
+  more all-gathers per backward. Korthikanti Table 4 shows it: SP saves 0.5 ms of the 22B layer's
+  forward but only 0.1 ms of its backward.
 * EP: an all-to-all to dispatch the k routed copies of each token and one to combine them, per
   forward and again per backward (Lepikhin et al. 2020, GShard). Group: ep ranks, stride tp.
 * CP: ring attention (Liu et al. 2023) all-gathers K and V of the whole sequence per forward and
   all-gathers them again plus reduce-scatters their gradients per backward; the transfers overlap
   the attention core, so only what exceeds it is exposed. Group: cp ranks, stride tp.
+
+With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``: Transformer Engine splits
+each sequence-parallel all-gather and reduce-scatter into chunks that flow while the adjacent GEMM
+computes on the chunks already there), TP communication is hidden up to the layer's matmul time.
+``Software.attention == "plain"`` times the attention core unfused (``kernels.py``), and
+``Software.dropout`` adds the 1-byte masks the two bias-dropout-adds write (read again backward).
 
 A recomputed forward (full recompute) repeats the forward's compute and its communication.
 """
@@ -31,8 +41,9 @@ from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
 from .hardware import Cluster
-from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s
+from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s
 from .memory import ACTIVATION_BYTES
+from .software import DEFAULT, Software
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +58,7 @@ class LayerShape:
     ep: int = 1
     sp: bool = False
     dtype: str = "bfloat16"
+    software: Software = DEFAULT
 
     @property
     def tokens(self) -> float:
@@ -89,12 +101,13 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     attn = m * d.hidden * ab / t  # an (m, h) tensor inside the TP region
     kv = m * kv_width(d) * ab / t
     ffn = m * d.ffn_hidden * ab / t
+    masks = whole / 2 if shape.software.dropout else 0.0  # two 1-byte dropout masks
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
-        return 4 * whole + 6 * whole + 2 * ffn + 2 * attn, 6
+        return 4 * whole + 6 * whole + 2 * ffn + 2 * attn + 2 * masks, 6
     # 2 eager RMSNorms (~4 passes each), 2 residual adds, rotary on q and k (~6 passes),
     # repeat_interleave of k and v, attention-output copy
-    moved = 8 * whole + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn
+    moved = 8 * whole + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn + 2 * masks
     kernels = 8 + 2 + 12 + 2 + 1
     if d.family == "llama":
         return moved + 5 * ffn, kernels + 2  # silu (r+w), product (2r+w)
@@ -103,22 +116,40 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
-def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float]:
-    accel, dtype, ab = cluster.accelerator, shape.dtype, ACTIVATION_BYTES[shape.dtype]
+def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds of the layer's weight matmuls on one GPU."""
+    accel, ab = cluster.accelerator, ACTIVATION_BYTES[shape.dtype]
     fwd = bwd = 0.0
     for m, n, k, count in layer_matmuls(shape):
-        f, b = matmul_fwd_bwd_s(accel, dtype, m, n, k, ab)
+        f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)
         fwd, bwd = fwd + count * f, bwd + count * b
-    d = shape.dims
+    return fwd, bwd
+
+
+def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core on one GPU, fused or plain."""
+    d, accel = shape.dims, cluster.accelerator
+    if shape.software.attention == "plain":
+        return plain_attention_fwd_bwd_s(accel, shape.dtype, batch_heads=shape.micro_batch * d.heads / shape.tp,
+                                         q_len=shape.seq_len / shape.cp, kv_len=shape.seq_len, head_dim=d.head_dim,
+                                         elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.dropout)
     core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
-    core_f, core_b = attention_fwd_bwd_s(accel, dtype, core_flops)
+    return attention_fwd_bwd_s(accel, shape.dtype, core_flops)
+
+
+def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float]:
+    """(forward, backward, attention-core forward, matmul forward, matmul backward) seconds."""
+    accel = cluster.accelerator
+    mm_f, mm_b = matmul_s(shape, cluster)
+    core_f, core_b = core_s(shape, cluster)
     moved, kernels = elementwise_fwd(shape)
     mem_f = memory_time_s(accel, moved, kernels)
     mem_b = memory_time_s(accel, 2 * moved, 2 * kernels)
-    return fwd + core_f + mem_f, bwd + core_b + mem_b, core_f
+    return mm_f + core_f + mem_f, mm_b + core_b + mem_b, core_f, mm_f, mm_b
 
 
-def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float) -> tuple[float, float, dict, dict]:
+def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
+          matmul_s_: tuple[float, float]) -> tuple[float, float, dict, dict]:
     d, ab, tp, cp, ep = shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp, shape.cp, shape.ep
     act = shape.tokens * d.hidden * ab
     if shape.sp:
@@ -127,6 +158,13 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float) -> tuple[float
         tp_b = 2 * (bus_bytes("all-gather", act, tp) + bus_bytes("reduce-scatter", act, tp))
     else:
         tp_s, tp_b = 2 * collective_time("all-reduce", act, tp, 1, cluster), 2 * bus_bytes("all-reduce", act, tp)
+    tp_fwd_s = tp_bwd_s = tp_s
+    tp_bwd_b = tp_b
+    if shape.sp and shape.software.sp_regather:  # the attention and MLP inputs, gathered again
+        tp_bwd_s += 2 * collective_time("all-gather", act, tp, 1, cluster)
+        tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
+    if shape.software.tp_comm_overlap and shape.sp:
+        tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0
     if d.family == "moe" and ep > 1:
         routed = act * d.top_k
@@ -138,16 +176,16 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float) -> tuple[float
     cp_bwd = max(0.0, cp_ag + cp_rs - 2.5 * core_fwd_s)
     cp_b = bus_bytes("all-gather", kv_all, cp)
     fwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b}
-    bwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b + bus_bytes("reduce-scatter", kv_all, cp)}
-    return tp_s + ep_s + cp_fwd, tp_s + ep_s + cp_bwd, fwd_bytes, bwd_bytes
+    bwd_bytes = {"tp": tp_bwd_b, "ep": ep_b, "cp": cp_b + bus_bytes("reduce-scatter", kv_all, cp)}
+    return tp_fwd_s + ep_s + cp_fwd, tp_bwd_s + ep_s + cp_bwd, fwd_bytes, bwd_bytes
 
 
 @lru_cache(maxsize=8192)
 def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     """Forward and backward seconds of one layer for one micro-batch on one GPU."""
-    fwd_s, bwd_s, core_s = _compute_s(shape, cluster)
-    fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_s)
-    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_s, fwd_comm_s=fwd_comm,
+    fwd_s, bwd_s, core_fwd, mm_f, mm_b = _compute_s(shape, cluster)
+    fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b))
+    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, fwd_comm_s=fwd_comm,
                      bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 
 

@@ -1,0 +1,221 @@
+"""The cost model against this machine: predicted and measured step times of a small GPT under many
+plans on 4 gloo processes.
+
+    python bench/cpu_accuracy.py [--nproc 4] [--profile profile.json] [--steps 4]
+
+1. In one process group, in rounds: calibrate (``runtime.calibrate.measure``), then run every plan
+   (``runtime.apply`` then ``PlannedModule.step``) for a few steps. A step's time is its slowest
+   rank's, after a barrier; a plan's time is the median of its steps over the rounds, and the
+   profile is the median of the rounds' profiles, so that work elsewhere on the machine (this one is
+   shared) weighs on the profile and on the plans alike. ``--profile`` skips the calibration and
+   uses one measured earlier; a profile of another kind of machine is refused.
+2. Predict every plan with ``cost_model.estimate`` on the profile's cluster (the meshplan runtime's
+   software: SDPA attention, DDP/FSDP overlap, ZeRO-1 as DDP + ZeroRedundancyOptimizer).
+3. Print predicted against measured per plan, the mean absolute percentage error (target < 15%) and
+   Kendall's tau between the two rankings (target >= 0.8).
+
+Plans the runtime refuses (``codegen.lower.check_supported``) are listed as skipped. A benchmark,
+not a test: it prints and asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from itertools import combinations
+from pathlib import Path
+
+MODEL = dict(family="gpt", layers=4, hidden=256, heads=8, vocab=4096, max_seq_len=128, name="gpt-bench")
+GLOBAL_BATCH, SEQ_LEN = 16, 128
+SAVED_PROFILE = os.path.join(tempfile.gettempdir(), "meshplan-cpu-accuracy-profile.json")
+# (label, tp, pp, dp, zero, sp, micro-batch, recompute, schedule)
+PLANS = (
+    ("DDP", 1, 1, 4, 0, False, 4, "none", "1f1b"),
+    ("DDP, 2 micro-batches", 1, 1, 4, 0, False, 2, "none", "1f1b"),
+    ("DDP + full recompute", 1, 1, 4, 0, False, 4, "full", "1f1b"),
+    ("ZeRO-1", 1, 1, 4, 1, False, 4, "none", "1f1b"),
+    ("ZeRO-2", 1, 1, 4, 2, False, 4, "none", "1f1b"),
+    ("ZeRO-3", 1, 1, 4, 3, False, 4, "none", "1f1b"),
+    ("ZeRO-3 + selective", 1, 1, 4, 3, False, 4, "selective", "1f1b"),
+    ("TP4 + SP", 4, 1, 1, 0, True, 16, "none", "1f1b"),
+    ("TP4", 4, 1, 1, 0, False, 16, "none", "1f1b"),
+    ("TP2 + SP x DP2", 2, 1, 2, 0, True, 8, "none", "1f1b"),
+    ("TP2 x ZeRO-3 2", 2, 1, 2, 3, True, 8, "none", "1f1b"),
+    ("PP2 x DP2, 1F1B", 1, 2, 2, 0, False, 2, "none", "1f1b"),
+    ("PP2 x DP2, GPipe", 1, 2, 2, 0, False, 2, "none", "gpipe"),
+    ("PP4, 1F1B", 1, 4, 1, 0, False, 4, "none", "1f1b"),
+)
+
+
+def build_plans(cluster_spec: str) -> list[tuple[str, object]]:
+    from meshplan import ir
+    from meshplan.cli_estimate import _stages  # even stage split, as ``meshplan estimate`` makes it
+
+    out = []
+    for label, tp, pp, dp, zero, sp, mb, recompute, schedule in PLANS:
+        args = argparse.Namespace(pp=pp, vp=1, stages=None)
+        plan = ir.Plan(model=MODEL, cluster=cluster_spec, global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+                       mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp,
+                       micro_batch_size=mb, num_microbatches=GLOBAL_BATCH // (mb * dp), schedule=schedule,
+                       recompute=(recompute,) * MODEL["layers"], stages=_stages(args, MODEL["layers"]),
+                       dtype="float32")
+        out.append((label, plan))
+    return out
+
+
+def _worker(rank: int, world: int, port: int, plans_json: str, steps: int, rounds: int, measure_here: bool,
+            output: str, errors: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    from meshplan import ir, zoo
+    from meshplan.codegen.lower import lower
+    from meshplan.runtime import apply, calibrate, init_distributed
+    from meshplan.runtime.train import synthetic_batch
+
+    def timed_step(pm, plan, step: int) -> float:
+        inputs, targets = synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, step)
+        dist.barrier()
+        start = time.perf_counter()
+        pm.step(inputs, targets)
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+        return float(elapsed)
+
+    try:
+        init_distributed()
+        results, live = {}, {}
+        for label, data in json.loads(plans_json):
+            plan = ir.Plan.from_dict(data)
+            try:
+                lower(plan)  # the same answer on every rank, before any collective
+            except ir.PlanError as exc:
+                results[label] = {"skipped": str(exc)}
+                continue
+            torch.manual_seed(0)
+            live[label] = (plan, apply(plan, zoo.build_from_config(plan.model)))
+            timed_step(*live[label][::-1], 0)  # warm-up: lazy initialization, first allocations
+            results[label] = {"all": []}
+        # rounds of calibration and of all plans, so that a burst of load elsewhere on the machine hits
+        # the profile and every plan alike
+        profiles = []
+        for round_ in range(rounds):
+            if measure_here:
+                profiles.append(calibrate.measure(world))
+            for label, (plan, pm) in live.items():
+                results[label]["all"] += [timed_step(pm, plan, 1 + round_ * steps + i) for i in range(steps)]
+        for label in live:
+            results[label]["seconds"] = statistics.median(results[label]["all"])
+        if rank == 0:
+            profile = calibrate.median_profile(profiles) if measure_here else None
+            Path(output).write_text(json.dumps({"plans": results, "profile": profile}))
+        dist.destroy_process_group()
+    except Exception:
+        Path(errors, f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def measure(plans: list[tuple[str, object]], nproc: int, steps: int, rounds: int, calibrate: bool) -> dict:
+    """{"plans": label -> {"seconds", "all"} or {"skipped"}, "profile": this machine's, or None}."""
+    import torch.multiprocessing as mp
+
+    payload = json.dumps([(label, plan.to_dict()) for label, plan in plans])
+    with tempfile.TemporaryDirectory() as tmp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        output = str(Path(tmp, "measured.json"))
+        try:
+            mp.spawn(_worker, args=(nproc, port, payload, steps, rounds, calibrate, output, tmp), nprocs=nproc)
+        except Exception as exc:
+            reports = sorted(Path(tmp).glob("rank*.txt"))
+            raise SystemExit("measuring failed:\n" + ("\n".join(p.read_text() for p in reports) or str(exc)))
+        return json.loads(Path(output).read_text())
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-b of two rankings (ties count for neither side)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for (x1, y1), (x2, y2) in combinations(zip(xs, ys), 2):
+        dx, dy = x1 - x2, y1 - y2
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            ties_x += 1
+        elif dy == 0:
+            ties_y += 1
+        elif dx * dy > 0:
+            concordant += 1
+        else:
+            discordant += 1
+    denom = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
+    return (concordant - discordant) / denom if denom else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--profile", help="a profile measured on this machine (default: calibrate now)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per plan and round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over all plans (after one warm-up step each)")
+    args = ap.parse_args(argv)
+    if args.nproc != 4:
+        raise SystemExit("the plans here are for 4 processes; run with --nproc 4")
+    if args.profile:
+        print(f"using {args.profile} (measured earlier: if the machine's load has changed since, expect errors)")
+
+    from meshplan import zoo
+    from meshplan.cost_model import cluster_from_profile, estimate
+    from meshplan.frontend import trace
+    from meshplan.runtime.calibrate import machine_kind
+
+    start = time.perf_counter()
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} on {os.cpu_count()} cores" + ("  (other work is running: times will be noisy)"
+                                                                  if load > 1.0 else ""))
+    import torch
+
+    with torch.device("meta"):
+        graph = trace(zoo.build_from_config(MODEL), batch=1, seq_len=64)
+    spec = args.profile or "profile-measured-in-this-run.json"
+    plans = build_plans(spec)
+    done = measure(plans, args.nproc, args.steps, args.rounds, calibrate=args.profile is None)
+    measured = done["plans"]
+    profile = json.loads(Path(args.profile).read_text()) if args.profile else done["profile"]
+    if args.profile is None:
+        Path(SAVED_PROFILE).write_text(json.dumps(profile, indent=1) + "\n")
+        print(f"calibrated in {profile['rounds']} rounds between the plans' rounds; saved to {SAVED_PROFILE}")
+    cluster = cluster_from_profile({**profile, "spec": spec}, expect_kind=machine_kind())
+    rows, skipped = [], []
+    print(f"\n{'plan':<24} {'predicted':>10} {'measured':>10} {'error':>8}   model {MODEL['name']}: "
+          f"{MODEL['layers']} layers, h {MODEL['hidden']}, batch {GLOBAL_BATCH} x {SEQ_LEN}")
+    for label, plan in plans:
+        got = measured[label]
+        if "skipped" in got:
+            skipped.append(f"{label}: {got['skipped']}")
+            continue
+        pred = estimate(graph, cluster, plan).step_time_s
+        err = pred / got["seconds"] - 1
+        rows.append((label, pred, got["seconds"], err))
+        print(f"{label:<24} {pred * 1e3:8.1f} ms {got['seconds'] * 1e3:8.1f} ms {err:+8.1%}")
+    mape = sum(abs(r[3]) for r in rows) / len(rows)
+    tau = kendall_tau([r[1] for r in rows], [r[2] for r in rows])
+    print(f"\n{len(rows)} plans: MAPE {mape:.1%} (target < 15%), Kendall's tau {tau:.2f} (target >= 0.8)")
+    for line in skipped:
+        print(f"skipped {line}")
+    print(f"total {time.perf_counter() - start:.0f} s; load average now {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Predict every published run of ``shared/data/reference_runs.csv`` with its published plan.
+
+    python bench/reference_runs.py [--csv FILE] [--breakdown]
+
+Each row becomes a GPT graph (its layers, hidden, heads, FFN, vocabulary; the cost model reads
+only ``graph.dims`` and the parameter total), the plan the source published (tp, pp, dp, vp,
+micro-batch (1 when absent), recompute, ZeRO stage), and the software the source ran
+(``cost_model.Software``: its attention kernel and what it overlaps; one description per source,
+never per row). The prediction is compared with the measurement the way the source counts it
+(REFERENCE.md sec. 0):
+
+* Narayanan et al. 2021 (Tables 1 and 2): hardware TFLOP/s per GPU with the recompute forward,
+  F = 96*B*s*l*h^2*(1 + s/6h + V/16lh) (their eq. 3), over the predicted step time;
+* Korthikanti et al. 2022: iteration times (Table 5) or MFU, both turned into model TFLOP/s per GPU
+  with F = 72*B*L*s*h^2*(1 + s/6h + v/12hL) (their eq. 7) and the 312 TF peak;
+* Megatron-Core H100 table: model TFLOP/s per GPU (eq. 7, which is Megatron's own count).
+
+The error is predicted over measured throughput, minus one; MAPE is the mean of its absolute value
+over every row that has a measurement and a plan. Rows without a published parallel layout are
+listed as skipped, with the reason. This is a benchmark, not a test: it prints and asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan import ir, zoo
+from meshplan.cost_model import Cluster, estimate, software_named
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# What each source ran, beyond its plan (cost_model.software documents every field and its source).
+SOFTWARE = {
+    "narayanan": "megatron-lm-2021",
+    "deepspeed": "deepspeed-zero3-2021",
+    "korthikanti": "megatron-lm-2021",
+    "mcore": "megatron-core-2024",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    label: str
+    source: str  # a key of SOFTWARE
+    cfg: zoo.ModelConfig
+    plan: ir.Plan
+    cluster: Cluster
+    unit: str  # "hw" (eq. 3 TFLOP/s) or "model" (eq. 7 TFLOP/s)
+    measured_tflops: float
+    measured_step_s: float | None
+    assumed: str  # what the row does not say and we assumed, or ""
+
+
+def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
+    """A graph the cost model can read: dimensions and the parameter total, no nodes."""
+    dims = ir.ModelDims(family=cfg.family, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
+                        kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab)
+    return ir.Graph(nodes=(), params=(ir.Param(name="all", shape=(zoo.param_count(cfg),)),), blocks=(), dims=dims)
+
+
+def even_stages(layers: int, chunks: int) -> tuple[tuple[int, int], ...]:
+    base, extra = divmod(layers, chunks)
+    bounds = [0]
+    for i in range(chunks):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+def eq3_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
+    """Narayanan et al. 2021 eq. 3: FLOPs per iteration with the recompute forward."""
+    l, h, v = cfg.layers, cfg.hidden, cfg.vocab
+    return 96.0 * batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+def eq7_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
+    """Korthikanti et al. 2022 eq. 7: model FLOPs per iteration (no recomputation)."""
+    l, h, v = cfg.layers, cfg.hidden, cfg.vocab
+    return 72.0 * batch * l * s * h * h * (1 + s / (6 * h) + v / (12 * h * l))
+
+
+def _int(text: str, default: int | None = None) -> int | None:
+    return int(text) if text.strip() else default
+
+
+def _source(row: dict[str, str]) -> str:
+    src = row["source"]
+    if src.startswith("Narayanan") or src.startswith('"Narayanan'):
+        return "deepspeed" if row["zero_stage"].strip() == "3" else "narayanan"
+    if src.startswith("Korthikanti"):
+        return "korthikanti"
+    return "mcore"
+
+
+def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
+    """(recompute, sequence parallel) as the row states them."""
+    text = row["recompute"].strip()
+    if text.startswith("selective"):
+        return "selective", "sequence parallel" in text and tp > 1
+    if text.startswith("full"):
+        return "full", False
+    # Megatron-Core rows: --tp-comm-overlap needs --sequence-parallel; recompute is off by default
+    return "none", tp > 1
+
+
+def build_run(row: dict[str, str]) -> Run | str:
+    """The run of one CSV row, or why it cannot be predicted."""
+    source = _source(row)
+    tp, pp, dp = _int(row["tp"]), _int(row["pp"]), _int(row["dp"])
+    if tp is None or pp is None or dp is None:
+        return "parallel layout (tp, pp, dp) not published"
+    gpus = int(row["gpus"])
+    if tp * pp * dp != gpus:
+        return f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus})"
+    assumed = []
+    batch = _int(row["global_batch"])
+    if batch is None:
+        # Korthikanti's 2,240-GPU runs: data parallelism 8 over the Table 3 configuration, each
+        # pipeline keeping its batch of 280 (weak scaling)
+        batch = 280 * dp
+        assumed.append(f"global batch {batch} (= 280 per pipeline, Table 3)")
+    mb = _int(row["micro_batch"], 1)
+    vp = _int(row["vp"], 1)
+    s, layers = int(row["seq_len"]), int(row["layers"])
+    cfg = zoo.ModelConfig(family="gpt", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
+                          ffn_hidden=_int(row["ffn_hidden"], 0), vocab=int(row["vocab"]), max_seq_len=s,
+                          name=row["model"])
+    recompute, sp = _recompute(row, source, tp)
+    zero = _int(row["zero_stage"], 1 if source == "mcore" else 0)  # mcore: --overlap-param-gather needs the
+    if batch % (mb * dp):                                           # distributed optimizer (ZeRO-1)
+        return f"global batch {batch} does not split into micro-batches of {mb} over dp {dp}"
+    if vp > 1 and layers % (pp * vp):
+        return f"{layers} layers do not split into pp({pp}) * vp({vp}) chunks"
+    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
+    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
+    plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=batch, seq_len=s,
+                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp, micro_batch_size=mb,
+                   num_microbatches=batch // (mb * dp), schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
+                   recompute=(recompute,) * layers, stages=even_stages(layers, pp * vp) if pp > 1 else ())
+    step = re.search(r"iteration_time_s=([\d.]+)", row["notes"])
+    step_s = float(step.group(1)) if step else None
+    if source in ("narayanan", "deepspeed"):
+        unit, measured = "hw", float(row["measured_tflops_per_gpu"])
+    elif row["measured_tflops_per_gpu"].strip():
+        unit, measured = "model", float(row["measured_tflops_per_gpu"])
+    elif step_s is not None:
+        unit, measured = "model", eq7_flops(cfg, batch, s) / gpus / step_s / 1e12
+    elif row["measured_mfu"].strip():
+        unit, measured = "model", float(row["measured_mfu"]) * cluster.accelerator.peak("bfloat16") / 1e12
+    else:
+        return "no measurement"
+    label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
+    return Run(label=label, source=source, cfg=cfg, plan=plan, cluster=cluster, unit=unit,
+               measured_tflops=measured, measured_step_s=step_s, assumed="; ".join(assumed))
+
+
+def predicted_tflops(run: Run, step_s: float) -> float:
+    flops = eq3_flops if run.unit == "hw" else eq7_flops
+    return flops(run.cfg, run.plan.global_batch, run.plan.seq_len) / run.plan.world_size / step_s / 1e12
+
+
+def _plan_text(plan: ir.Plan) -> str:
+    m = plan.mesh
+    rc = plan.recompute[0] if plan.recompute else "none"
+    return (f"tp{m.tp} pp{m.pp} dp{m.dp} mb{plan.micro_batch_size}"
+            + (f" v{plan.vp}" if plan.vp > 1 else "") + (f" z{plan.zero_stage}" if plan.zero_stage else "")
+            + f" {rc[:4]}" + (" sp" if plan.sequence_parallel else ""))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    run: Run
+    prediction: ir.Prediction
+    predicted_tflops: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_tflops / self.run.measured_tflops - 1
+
+
+def evaluate(csv_path: Path) -> tuple[list[Result], list[str]]:
+    """Every predictable row's result, and a line per skipped row saying why."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    results, skipped = [], []
+    for line, row in enumerate(rows, 2):
+        run = build_run(row)
+        if isinstance(run, str):
+            skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
+            continue
+        pred = estimate(graph_of(run.cfg), run.cluster, run.plan, software=software_named(SOFTWARE[run.source]))
+        results.append(Result(run=run, prediction=pred, predicted_tflops=predicted_tflops(run, pred.step_time_s)))
+    return results, skipped
+
+
+def mape(results: list[Result]) -> float:
+    return sum(abs(r.error) for r in results) / len(results)
+
+
+def _line(res: Result) -> str:
+    run, pred = res.run, res.prediction
+    fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
+    line = (f"{run.label:<46} {SOFTWARE[run.source]:<21} {_plan_text(run.plan):<30} {run.unit:<5} "
+            f"{res.predicted_tflops:7.1f} {run.measured_tflops:7.1f} {res.error:+7.1%}  "
+            f"{pred.peak_memory_bytes / 1e9:5.1f} GB {fits}")
+    if run.measured_step_s is not None:
+        line += f"  (step {pred.step_time_s:.2f} s vs {run.measured_step_s:.2f} s)"
+    if run.assumed:
+        line += f"  [assumed: {run.assumed}]"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", type=Path, default=DATA / "reference_runs.csv")
+    ap.add_argument("--breakdown", action="store_true", help="also print each row's time breakdown")
+    args = ap.parse_args(argv)
+    results, skipped = evaluate(args.csv)
+    print(f"{'row':<46} {'software':<21} {'plan':<30} {'unit':<5} {'pred':>7} {'meas':>7} {'err':>7}  memory")
+    for res in results:
+        print(_line(res))
+        if args.breakdown:
+            pred = res.prediction
+            parts = ", ".join(f"{k} {v / pred.step_time_s:.1%}" for k, v in pred.time_s.items())
+            print(f"{'':<46} step {pred.step_time_s:.3f} s: {parts}")
+    signed = sum(r.error for r in results) / len(results)
+    print(f"\nMAPE over {len(results)} rows: {mape(results):.1%}   (mean signed error {signed:+.1%})")
+    for source in SOFTWARE:
+        part = [r for r in results if r.run.source == source]
+        if part:
+            print(f"  {source:<12} {len(part):3d} rows  MAPE {mape(part):6.1%}")
+    for line in skipped:
+        print(f"skipped {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""``meshplan estimate``: the predicted time and memory of one plan, every choice given.
+
+    meshplan estimate --model gpt3-175b --cluster a100-80gb:8x8 --global-batch 64 --seq-len 2048 \\
+        --tp 8 --pp 8 --vp 3 --recompute selective [--software megatron-lm-2021] [--json]
+
+No search runs: the plan is built as given (dp, when left out, is what the GPUs leave after
+tp * pp * cp) and costed by ``cost_model.estimate``. Pipeline stages split the layers evenly, the
+first chunks taking the remainder, unless ``--stages`` lists the layers per chunk. The report is
+the one ``meshplan plan`` prints, plus a line with model and hardware FLOP/s per GPU; ``--json``
+prints the plan with its prediction instead. Wire it into ``cli.py`` with::
+
+    from .cli_estimate import add_parser as add_estimate; add_estimate(sub)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import ir, zoo
+from .cost_model import Cluster, estimate, parse_cluster, software_named
+from .cost_model.software import SOFTWARE
+from .solver.layouts import param_layouts
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp8": "float8",
+          "float8": "float8", "fp32": "float32", "float32": "float32"}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``estimate`` on the ``meshplan`` command's subparsers."""
+    p = subparsers.add_parser("estimate", help="predict the time and memory of one plan, every choice given",
+                              description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
+    src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
+    p.add_argument("--cluster", required=True,
+                   help="NAME:NODESxGPUS (e.g. h100-sxm:16x8) or a profile written by `meshplan calibrate`")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int, required=True)
+    g = p.add_argument_group("the plan")
+    for axis in ("tp", "pp", "cp", "ep"):
+        g.add_argument(f"--{axis}", type=int, default=1)
+    g.add_argument("--dp", type=int, help="default: the GPUs left after tp * pp * cp")
+    g.add_argument("--vp", type=int, default=1, help="virtual stages per pipeline rank (interleaved 1F1B)")
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                   help="sequence parallelism (default: on when tp > 1)")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--schedule", choices=[str(s) for s in ir.Schedule],
+                   help="default: interleaved-1f1b when vp > 1, else 1f1b")
+    g.add_argument("--stages", help="layers per pipeline chunk, comma-separated (default: even)")
+    g.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16, or fp32 where the cluster has no bf16")
+    p.add_argument("--software", choices=sorted(SOFTWARE), default="meshplan",
+                   help="the program that runs the plan: its attention kernel and overlaps (default: meshplan)")
+    p.add_argument("--json", action="store_true", help="print the plan with its prediction as JSON")
+    p.set_defaults(func=cmd_estimate)
+    return p
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    cluster = parse_cluster(args.cluster)
+    config = _config(args)
+    plan = build_plan(config, cluster, args)  # bad degrees fail here, before the trace
+    graph = _graph(config, args.seq_len)
+    names = tuple(p.name for p in graph.params)
+    plan = replace(plan, param_layouts=param_layouts(names, tp=plan.mesh.tp, zero=plan.zero_stage, dp=plan.mesh.dp))
+    plan = plan.with_prediction(estimate(graph, cluster, plan, software=software_named(args.software)))
+    if args.json:
+        print(plan.to_json())
+        return 0
+    print(ir.report.report(plan))
+    print(flops_line(plan.prediction, cluster, plan.dtype))
+    if args.software != "meshplan":
+        print(f"software: {args.software}")
+    return 0
+
+
+def flops_line(pred: ir.Prediction, cluster: Cluster, dtype: str) -> str:
+    peak = cluster.accelerator.peak(dtype)
+    model, hardware = pred.model_tflops_per_gpu * 1e12, pred.hardware_tflops_per_gpu * 1e12
+    extra = hardware / model - 1 if model else 0.0
+    return (f"FLOP/s per GPU: model {_rate(model)} (MFU {pred.mfu:.1%}), hardware {_rate(hardware)} "
+            f"(HFU {hardware / peak:.1%}; recomputation adds {extra:.1%}) of a {_rate(peak)} {dtype} peak")
+
+
+def _rate(flops_per_s: float) -> str:
+    return f"{flops_per_s / 1e12:.1f} TF" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:.2f} GF"
+
+
+def _config(args: argparse.Namespace) -> zoo.ModelConfig:
+    if args.model:
+        config = zoo.config(args.model)
+    else:
+        try:
+            data = json.loads(Path(args.model_config).read_text())
+        except OSError as exc:
+            raise ir.PlanError(f"cannot read model config {args.model_config!r}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ir.PlanError(f"{args.model_config}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        config = zoo.ModelConfig.from_dict(data)
+    if args.seq_len > config.max_seq_len:
+        raise ir.PlanError(f"seq_len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    return config
+
+
+def _graph(config: zoo.ModelConfig, seq_len: int) -> ir.Graph:
+    import torch
+
+    from .frontend import trace
+
+    with torch.device("meta"):
+        model = zoo.build_from_config(config)
+    return trace(model, batch=1, seq_len=min(seq_len, 64))
+
+
+def _mesh(args: argparse.Namespace, world: int) -> ir.Mesh:
+    model_parallel = args.tp * args.pp * args.cp
+    dp = args.dp
+    if dp is None:
+        if world % model_parallel:
+            rest = world % model_parallel
+            raise ir.InvalidPlanError(f"tp({args.tp}) * pp({args.pp}) * cp({args.cp}) = {model_parallel} does not "
+                                      f"divide the {world} GPUs ({world} % {model_parallel} = {rest}); "
+                                      f"pick degrees whose product divides {world}")
+        dp = world // model_parallel
+    if model_parallel * dp != world:
+        raise ir.InvalidPlanError(f"pp({args.pp}) * dp({dp}) * cp({args.cp}) * tp({args.tp}) = {model_parallel * dp} "
+                                  f"!= {world} GPUs of the cluster; make the degrees multiply to {world}")
+    return ir.Mesh(pp=args.pp, dp=dp, cp=args.cp, tp=args.tp, ep=args.ep)
+
+
+def _stages(args: argparse.Namespace, layers: int) -> tuple[tuple[int, int], ...]:
+    chunks = args.pp * args.vp
+    if args.pp == 1 and args.vp == 1 and not args.stages:
+        return ()
+    if args.stages:
+        try:
+            counts = [int(x) for x in args.stages.split(",")]
+        except ValueError:
+            raise ir.InvalidPlanError(f"--stages {args.stages!r}: expected layer counts like 12,12,11") from None
+        if len(counts) != chunks or sum(counts) != layers or min(counts) < 1:
+            raise ir.InvalidPlanError(f"--stages gives {len(counts)} chunks of {sum(counts)} layers; expected "
+                                      f"pp({args.pp}) * vp({args.vp}) = {chunks} chunks of at least one layer, "
+                                      f"{layers} layers in all")
+    else:
+        if layers < chunks:
+            raise ir.InvalidPlanError(f"pp({args.pp}) * vp({args.vp}) = {chunks} chunks but the model has "
+                                      f"{layers} layers")
+        base, rest = divmod(layers, chunks)
+        counts = [base + (1 if c < rest else 0) for c in range(chunks)]
+    bounds = [0]
+    for n in counts:
+        bounds.append(bounds[-1] + n)
+    return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+def build_plan(config: zoo.ModelConfig, cluster: Cluster, args: argparse.Namespace) -> ir.Plan:
+    """The plan the arguments describe, without parameter layouts or a prediction."""
+    mesh = _mesh(args, cluster.world_size)
+    per_step = args.micro_batch * mesh.dp
+    if args.global_batch % per_step:
+        raise ir.InvalidPlanError(f"global_batch({args.global_batch}) is not a whole number of micro-batches: "
+                                  f"micro_batch({args.micro_batch}) * dp({mesh.dp}) = {per_step} does not divide it")
+    accel = cluster.accelerator
+    dtype = DTYPES[args.dtype] if args.dtype else ("bfloat16" if "bfloat16" in accel.peak_flops else "float32")
+    accel.peak(dtype)  # a dtype the preset has no peak for is refused here, saying which it has
+    schedule = args.schedule or ("interleaved-1f1b" if args.vp > 1 else "1f1b")
+    sp = (mesh.tp > 1) if args.sp is None else args.sp
+    return ir.Plan(model=config.to_dict(), cluster=cluster.spec, global_batch=args.global_batch,
+                   seq_len=args.seq_len, mesh=mesh, zero_stage=args.zero, sequence_parallel=sp,
+                   micro_batch_size=args.micro_batch, num_microbatches=args.global_batch // per_step,
+                   schedule=schedule, vp=args.vp, recompute=(args.recompute,) * config.layers,
+                   stages=_stages(args, config.layers), dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m meshplan.cli_estimate ...`` until ``cli.py`` registers the subcommand."""
+    parser = argparse.ArgumentParser(prog="meshplan")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["estimate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except ir.PlanError as exc:
+        print(f"meshplan: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""A cluster from a measured profile: what ``meshplan calibrate`` (``runtime/calibrate.py``) timed on
+one machine, turned into an ``Accelerator`` and one interconnect tier.
+
+The file (schema ``meshplan.profile/1``) keeps the raw timings, never fitted numbers, so that a
+better fit needs no re-measurement::
+
+    machine          {kind, cores, memory_bytes}: kind names the kind of machine
+                     ("cpu/x86_64/AMD EPYC" or "cuda/NVIDIA H100 80GB HBM3"), not the host
+    processes        ranks that ran at once, sharing the machine (the cluster's gpus_per_node)
+    dtype            the dtype of the matmuls (float32 on CPU)
+    matmul           [{m, n, k, seconds}]: (m, k) @ (k, n), median over the ranks running together
+    memory_copy      [{bytes, seconds}]: bytes read + written by a copy
+    small_op_s       one tiny elementwise op: the fixed cost per kernel (dispatch)
+    attention        {batch_heads, seq_len, head_dim, seconds}: causal SDPA forward
+    process_rss_bytes  resident memory of a rank after start-up: never usable by tensors
+    collectives      {kind: [{group_size, bytes, seconds}]}: groups of consecutive ranks, all
+                     groups of a size at once; bytes is nccl-tests' S (collectives.py)
+
+Fits (least squares on relative error, so small and large sizes weigh alike):
+
+* matmul: t = 2mnk / peak + small_op_s -> ``peak_flops[dtype]``, with ``matmul_efficiency`` 1 (the
+  peak is what was achieved) and one compute unit (no wave quantization on a CPU core);
+* memory: the rate of the largest copy is ``memory_bw_Bps`` (efficiency 1): smaller ones may sit
+  in a cache that the activations of a training step do not fit;
+* attention: the causal SDPA's executed FLOPs (half of 4*b*a*s^2*d) over its time and the peak;
+* ``shared_by`` = processes / cores when the ranks oversubscribe the cores (``hardware.py``);
+* each collective and group size n: t = latency + bus_bytes(kind, S, n) / B over the message sizes
+  -> (latency, B) per kind and group size on the tier (``Tier.collectives``); other group sizes take
+  the nearest measured one, the latency scaled by the tree depth ceil(log2 n).
+
+A profile that is malformed, from another schema, or (given ``expect_kind``) measured on another
+kind of machine is refused with the reason.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..ir.errors import InvalidClusterError
+from .collectives import Collective, bus_bytes
+from .hardware import DTYPES, Accelerator, Cluster, Tier, TierKind
+
+SCHEMA = "meshplan.profile/1"  # runtime/calibrate.py writes the same string
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """The parsed profile file, schema checked."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidClusterError(f"cannot read profile {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidClusterError(f"profile {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    _check_schema(data, f"profile {str(path)!r}")
+    return data
+
+
+def _check_schema(data: Any, where: str) -> None:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise InvalidClusterError(f"{where} has schema {found!r}, expected {SCHEMA!r}; write one with "
+                                  "`meshplan calibrate --nproc N -o PROFILE.json`")
+
+
+def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str | None = None) -> Cluster:
+    """The one-machine cluster a profile measured (``processes`` ranks on one node)."""
+    data = path if isinstance(path, dict) else load_profile(path)
+    where = "profile" if isinstance(path, dict) else f"profile {str(path)!r}"
+    _check_schema(data, where)
+    machine = _field(data, "machine", dict, where)
+    kind = _field(machine, "kind", str, f"{where}: machine")
+    if not kind.strip():
+        raise InvalidClusterError(f"{where}: machine.kind is empty; it names the kind of machine measured")
+    if expect_kind is not None and kind != expect_kind:
+        raise InvalidClusterError(f"{where} was measured on {kind!r}, but this machine is {expect_kind!r}; "
+                                  "run `meshplan calibrate --nproc N -o PROFILE.json` here")
+    processes = _count(data, "processes", where)
+    accel = accelerator_from_profile(data, where)
+    tier = tier_from_profile(data, where, processes)
+    spec = data.get("spec") or (str(path) if not isinstance(path, dict) else f"profile:1x{processes}")
+    return Cluster(accelerator=accel, nodes=1, gpus_per_node=processes, tiers=(tier,), name="profile", spec=spec)
+
+
+def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
+    machine = data["machine"]
+    dtype = _field(data, "dtype", str, where)
+    if dtype not in DTYPES:
+        raise InvalidClusterError(f"{where}: dtype {dtype!r} is not one of {DTYPES}")
+    overhead = _positive(data, "small_op_s", where)
+    peak = _matmul_peak(_points(data, "matmul", ("m", "n", "k", "seconds"), where), overhead, where)
+    copies = _points(data, "memory_copy", ("bytes", "seconds"), where)
+    largest = max(copies, key=lambda p: p["bytes"])
+    bandwidth = largest["bytes"] / largest["seconds"]
+    att = _field(data, "attention", dict, where)
+    heads, seq, head_dim, att_s = (_positive(att, k, f"{where}: attention")
+                                   for k in ("batch_heads", "seq_len", "head_dim", "seconds"))
+    executed = 0.5 * 4.0 * heads * seq * seq * head_dim  # causal half of 4*b*s^2*h (kernels.py)
+    attention_eff = min(1.0, max(0.01, executed / (max(att_s - overhead, att_s / 2) * peak)))
+    processes = _count(data, "processes", where)
+    memory = _positive(machine, "memory_bytes", f"{where}: machine") / processes
+    reserved = _positive(data, "process_rss_bytes", where)
+    if reserved >= memory:
+        raise InvalidClusterError(f"{where}: process_rss_bytes ({reserved:.3g}) is not below the memory per "
+                                  f"process ({memory:.3g} = machine.memory_bytes / processes)")
+    return Accelerator(name=f"{machine['kind']} ({processes} processes)", peak_flops={dtype: peak},
+                       matmul_efficiency={dtype: 1.0}, memory_bytes=memory, reserved_bytes=reserved,
+                       memory_bw_Bps=bandwidth, memory_efficiency=1.0, attention_efficiency=attention_eff,
+                       kernel_overhead_s=overhead, compute_units=1, matmul_tile_elems=1,
+                       shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")))
+
+
+def tier_from_profile(data: dict[str, Any], where: str, processes: int) -> Tier:
+    table = _field(data, "collectives", dict, where)
+    if Collective.ALL_REDUCE not in table:
+        raise InvalidClusterError(f"{where}: collectives lacks 'all-reduce'; it has {sorted(table)}")
+    fitted = []
+    for kind, points in sorted(table.items()):
+        try:
+            Collective(kind)
+        except ValueError:
+            raise InvalidClusterError(f"{where}: collectives has unknown kind {kind!r}; expected among "
+                                      f"{[str(c) for c in Collective]}") from None
+        rows = _points(table, kind, ("group_size", "bytes", "seconds"), f"{where}: collectives")
+        for size in sorted({int(r["group_size"]) for r in rows}):
+            at = f"{where}: collectives[{kind!r}] over {size} ranks"
+            if size < 2 or size > processes:
+                raise InvalidClusterError(f"{at}: a group must have 2 to processes({processes}) ranks")
+            fitted.append((kind, size, *_fit_collective(kind, size, [r for r in rows if r["group_size"] == size], at)))
+    widest = max((f for f in fitted if f[0] == Collective.ALL_REDUCE), key=lambda f: f[1])
+    depth = 2 * math.ceil(math.log2(widest[1]))
+    return Tier(name="measured", kind=TierKind.SHARED_MEMORY, domain_size=processes, bandwidth_Bps=widest[3],
+                latency_s=widest[2] / depth, measured=True, collectives=tuple(fitted))
+
+
+def _fit_collective(kind: str, size: int, rows: list[dict[str, float]], where: str) -> tuple[float, float]:
+    """(latency of a call, bus bandwidth) of t = latency + bus_bytes(kind, S, n) / B, least squares on
+    relative error over the message sizes."""
+    if len({r["bytes"] for r in rows}) < 2:
+        raise InvalidClusterError(f"{where}: needs at least 2 message sizes, got {[r['bytes'] for r in rows]}")
+    ones = [1.0 / r["seconds"] for r in rows]
+    volume = [bus_bytes(kind, r["bytes"], size) / r["seconds"] for r in rows]
+    inverse_bw, latency = _least_squares(volume, ones)
+    if latency < 0 or inverse_bw <= 0:  # noise: keep the term that explains the times
+        latency = max(latency, 0.0)
+        inverse_bw = sum(v * (1 - latency * o) for v, o in zip(volume, ones)) / sum(v * v for v in volume)
+    if inverse_bw <= 0:
+        raise InvalidClusterError(f"{where}: times do not grow with the bytes moved; re-run `meshplan calibrate`")
+    return latency, 1.0 / inverse_bw
+
+
+def _matmul_peak(rows: list[dict[str, float]], overhead: float, where: str) -> float:
+    """peak of t = flops / peak + overhead, least squares on relative error."""
+    num = den = 0.0
+    for r in rows:
+        flops, t = 2.0 * r["m"] * r["n"] * r["k"], r["seconds"]
+        num += flops / t * (1 - overhead / t)
+        den += (flops / t) ** 2
+    if num <= 0:
+        raise InvalidClusterError(f"{where}: matmul times are not above the per-op cost {overhead:.3g} s; "
+                                  "re-run `meshplan calibrate`")
+    return den / num
+
+
+def _least_squares(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(a, b) minimizing sum (a * x_i + b * y_i - 1)^2."""
+    sxx, syy, sxy = sum(v * v for v in x), sum(v * v for v in y), sum(a * b for a, b in zip(x, y))
+    sx, sy = sum(x), sum(y)
+    det = sxx * syy - sxy * sxy
+    if abs(det) <= 1e-12 * sxx * syy:
+        return sx / sxx, 0.0
+    return (sx * syy - sy * sxy) / det, (sy * sxx - sx * sxy) / det
+
+
+def _field(data: Any, key: str, kind: type, where: str) -> Any:
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidClusterError(f"{where}: {key} must be {_NAMES[kind]}, got {value!r}")
+    return value
+
+
+def _positive(data: dict[str, Any], key: str, where: str) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidClusterError(f"{where}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _count(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidClusterError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _points(data: dict[str, Any], key: str, fields: tuple[str, ...], where: str) -> list[dict[str, float]]:
+    rows = data.get(key)
+    least = 1 if key == "memory_copy" else 2
+    if not isinstance(rows, list) or len(rows) < least:
+        raise InvalidClusterError(f"{where}: {key} must be a list of at least {least} measurements, got {rows!r}")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InvalidClusterError(f"{where}: {key}[{i}] must be an object with {list(fields)}")
+        out.append({f: _positive(row, f, f"{where}: {key}[{i}]") for f in fields})
+    return out
+
+
+_NAMES = {dict: "an object", str: "a string", list: "a list"}

@@ -1,0 +1,112 @@
+"""What the training program does that the plan does not say: its attention kernel, and which
+communication it overlaps with compute.
+
+The same plan runs at different speeds under different programs: Megatron-LM in 2021 had no fused
+attention and reduced gradients after the backward; Megatron-Core in 2024 runs FlashAttention and
+overlaps every collective it can. ``Software`` names those differences so that one set of hardware
+constants serves every program, and ``DEFAULT`` is meshplan's own runtime. Each preset lists its
+sources; none is fitted to a measurement.
+
+Fields:
+
+* ``attention``: ``"flash"`` (fused kernel: scores never reach memory; Dao et al. 2022) or
+  ``"plain"`` (two batched matmuls with the b*a*s^2 scores written, a fused scale-mask-softmax and an
+  attention dropout in between, as Megatron-LM's ``CoreAttention`` before FlashAttention; costed in
+  ``kernels.plain_attention_fwd_bwd_s``).
+* ``dropout``: hidden and attention dropout on (Megatron's GPT default, 0.1): masks are written and
+  kept (Korthikanti et al. 2022 sec. 4 counts them in the activation memory).
+* ``overlap_grad_reduce``: gradients are reduced in buckets while the backward runs (PyTorch DDP, Li
+  et al. 2020; Megatron-Core ``--overlap-grad-reduce``), else after the last backward.
+* ``overlap_param_gather``: ZeRO-1's all-gather of the updated parameters runs under the next
+  forward (Megatron-Core ``--overlap-param-gather``), else after the optimizer step.
+* ``sp_regather``: under sequence parallelism the column-parallel GEMMs keep their sequence-sharded
+  input and all-gather it again in the backward (Megatron-LM and Megatron-Core: the activation
+  memory Korthikanti et al. 2022 sec. 4.2.2 counts), else the gathered input is kept (DTensor's
+  ``SequenceParallel``: autograd saves the redistributed tensor).
+* ``tp_comm_overlap``: tensor-parallel all-gathers and reduce-scatters run under the GEMMs that
+  consume or produce them (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers;
+  needs sequence parallelism), else each waits.
+* ``fp32_grad_reduce``: gradients are accumulated and reduced in fp32 (4 bytes per parameter on the
+  wire) whatever the training dtype: Megatron-LM forces it for bf16 ("bfloat16 requires gradient
+  accumulation and all-reduce to be done in fp32", ``megatron/training/arguments.py``).
+* ``zero1_allreduce``: ZeRO-1 reduces the gradients with DDP's all-reduce and then broadcasts each
+  rank's updated shard (PyTorch ``ZeroRedundancyOptimizer``, meshplan's runtime: 3 Psi), instead of
+  a reduce-scatter and an all-gather (Megatron's distributed optimizer: 2 Psi).
+* ``zero3_prefetch_params``: parameters a ZeRO-3 implementation gathers ahead of the layer that
+  computes; ``None`` is a whole layer (FSDP2 prefetches the next layer). DeepSpeed's
+  ``stage3_prefetch_bucket_size`` defaults to 5e7 (``deepspeed/runtime/zero/config.py``), far below
+  one layer of a 100B-parameter model, so its gathers wait.
+* ``zero3_flat``: ZeRO-3's collectives move each GPU's whole volume over its own network link
+  instead of aggregating it inside the node first (``collectives.flat_collective_time``).
+* ``zero3_regather_recompute``: a layer recomputed in the backward gathers its parameters again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.errors import PlanError
+
+ATTENTION = ("flash", "plain")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Software:
+    name: str
+    attention: str = "flash"
+    dropout: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    sp_regather: bool = False
+    tp_comm_overlap: bool = False
+    fp32_grad_reduce: bool = False
+    zero1_allreduce: bool = False
+    zero3_prefetch_params: float | None = None
+    zero3_flat: bool = False
+    zero3_regather_recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION:
+            raise PlanError(f"software {self.name!r}: attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
+            raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
+                            f"got {self.zero3_prefetch_params!r}")
+
+
+# meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their
+# reductions with the backward and FSDP2 prefetches the next layer; ZeRO-1 is DDP +
+# ZeroRedundancyOptimizer (runtime/planned.py).
+DEFAULT = Software(name="meshplan", zero1_allreduce=True)
+
+# Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
+# al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout
+# (the 5as^2b bytes of Korthikanti sec. 4 are its saved tensors, and selective recomputation exists
+# because they are large); GPT dropout 0.1; the data-parallel all-reduce runs after the backward
+# (``allreduce_gradients`` in ``train_step``; bucketed overlap came with Megatron-Core in 2023).
+MEGATRON_LM_2021 = Software(name="megatron-lm-2021", attention="plain", dropout=True, overlap_grad_reduce=False,
+                            sp_regather=True)
+
+# DeepSpeed ZeRO-3 on Megatron's GPT as in Narayanan et al. 2021 Table 2: the model code of
+# Megatron-LM 2021 (unfused attention, dropout); ZeRO-3 with the defaults of its config (5e7
+# prefetch bucket); collectives over the whole data-parallel group, costed per GPU on its own link
+# as ZeRO++ does (Wang et al. 2023, arXiv:2306.10209, sec. 3: ZeRO-3 moves 3M across nodes per
+# step, which its hierarchical partitioning hpZ later cut); parameters fetched again for the
+# recomputed forward (Rajbhandari et al. 2021, ZeRO-Infinity, arXiv:2104.07857, sec. 4.1: with
+# activation checkpointing parameters are loaded three times, forward, recompute and backward).
+DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", dropout=True,
+                                zero3_prefetch_params=5e7, zero3_flat=True, zero3_regather_recompute=True)
+
+# Megatron-Core as in its README's H100 table (2024): FlashAttention through Transformer Engine; the
+# overlaps the table lists (--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); dropout
+# at Megatron's defaults (--hidden-dropout 0.1, --attention-dropout 0.1 in megatron/training/arguments.py);
+# bf16 gradients reduced in fp32 (forced for bf16 in the same file).
+MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
+                              overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
+                              fp32_grad_reduce=True)
+
+SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024)}
+
+
+def software_named(name: str) -> Software:
+    if name not in SOFTWARE:
+        raise PlanError(f"unknown software {name!r}; known: {', '.join(SOFTWARE)}")
+    return SOFTWARE[name]

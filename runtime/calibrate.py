@@ -1,0 +1,289 @@
+"""``meshplan calibrate``: time this machine the way the cost model prices it, and write a profile.
+
+    python -m meshplan.runtime.calibrate --nproc 4 -o profile.json
+
+``nproc`` ranks start at once (gloo on CPU, one thread each; NCCL on GPUs) and measure together, so
+every number includes the contention of ranks that share the cores, as a training run of ``nproc``
+ranks has. Each rank times, median of a few repetitions:
+
+* matmuls ``(m, k) @ (k, n)`` over sizes (float32 on CPU, bfloat16 on GPUs);
+* a copy of a large tensor (bytes read + written), and one tiny elementwise op (the cost per op);
+* a causal scaled-dot-product attention forward;
+* all-reduce, all-gather, reduce-scatter, broadcast and all-to-all over every group size that
+  divides ``nproc`` (groups of consecutive ranks, all groups of a size at once), over message sizes;
+  a collective's time is its slowest rank's.
+
+Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
+from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
+About 20 s with 4 ranks on 2 cores, most of it start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from .distributed import device_for_rank, init_distributed
+
+SCHEMA = "meshplan.profile/1"  # cost_model/profile.py reads the same string
+MATMULS = ((128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 768, 256), (2048, 256, 768))
+COPY_BYTES = (16 << 20, 64 << 20)
+COLLECTIVE_BYTES = (16 << 10, 256 << 10, 4 << 20)
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all")
+REPEATS = 5
+MIN_TIMING_S = 0.03  # each timing lasts at least this long, so that ranks sharing cores overlap
+
+
+def machine_kind() -> str:
+    """What kind of machine this is (not which one): profiles of another kind are refused."""
+    if torch.cuda.is_available():
+        return f"cuda/{torch.cuda.get_device_name(0)}"
+    model = platform.processor() or "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu/{platform.machine()}/{model}/{os.cpu_count()} cores"
+
+
+def machine_memory_bytes() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory * torch.cuda.device_count()
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = False) -> float:
+    """Median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``MIN_TIMING_S`` each.
+    For a collective every rank of the world runs the same number of calls (rank 0's choice)."""
+    once = _run(fn, device, 1)  # warm-up: allocation, kernel selection, connections
+    calls = torch.tensor([max(1, min(10_000, round(MIN_TIMING_S / max(once, 1e-7))))])
+    if collective:
+        dist.broadcast(calls, src=0)
+    times = [_run(fn, device, int(calls)) / int(calls) for _ in range(REPEATS)]
+    return statistics.median(times)
+
+
+def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """This rank's compute timings; every rank runs them at the same time."""
+    out: dict[str, Any] = {"matmul": [], "memory_copy": []}
+    for m, n, k in MATMULS:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        dist.barrier()
+        out["matmul"].append({"m": m, "n": n, "k": k, "seconds": _timed(lambda: a @ b, device)})
+    for size in COPY_BYTES:
+        src = torch.empty(size // 4, device=device, dtype=torch.float32).fill_(1.0)
+        dst = torch.empty_like(src)
+        dist.barrier()
+        out["memory_copy"].append({"bytes": 2 * size, "seconds": _timed(lambda: dst.copy_(src), device)})
+    tiny = torch.ones(8, device=device)
+    dist.barrier()
+    out["small_op_s"] = _timed(lambda: tiny.add(1.0), device)
+    q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype)  # (b, heads, s, head_dim)
+    dist.barrier()
+    out["attention"] = {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
+                        "seconds": _timed(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), device)}
+    return out
+
+
+def _collective(kind: str, nbytes: int, group: Any, size: int, device: torch.device) -> Callable[[], Any]:
+    """One collective on ``nbytes`` (nccl-tests' S) over ``group``, as a call."""
+    elems = max(nbytes // 4 // size * size, size)
+    full = torch.ones(elems, device=device)
+    part = torch.ones(elems // size, device=device)
+    if kind == "all-reduce":
+        return lambda: dist.all_reduce(full, group=group)
+    if kind == "all-gather":
+        return lambda: dist.all_gather_into_tensor(full, part, group=group)
+    if kind == "reduce-scatter":
+        return lambda: dist.reduce_scatter_tensor(part, full, group=group)
+    if kind == "broadcast":
+        return lambda: dist.broadcast(full, src=dist.get_global_rank(group, 0), group=group)
+    out = torch.empty_like(full)
+    return lambda: dist.all_to_all_single(out, full, group=group)
+
+
+def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
+    """(kind, group size, bytes, this rank's seconds) for every group size dividing the world."""
+    rank, out = dist.get_rank(), []
+    for size in (s for s in range(2, world + 1) if world % s == 0):
+        groups = [dist.new_group(list(range(first, first + size))) for first in range(0, world, size)]
+        group = groups[rank // size]
+        for kind in COLLECTIVES:
+            for nbytes in COLLECTIVE_BYTES:
+                call = _collective(kind, nbytes, group, size, device)
+                dist.barrier()
+                out.append({"kind": kind, "group_size": size, "bytes": nbytes,
+                            "seconds": _timed(call, device, collective=True)})
+    return out
+
+
+def measure(world: int) -> dict[str, Any] | None:
+    """Every rank of an initialized process group measures; rank 0 gets the profile, the others None."""
+    warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
+    device = device_for_rank()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mine = {"compute": _compute(device, dtype), "collectives": _collectives(world, device), "rss": _rss_bytes()}
+    rank = dist.get_rank()
+    gathered: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+    return profile_from_ranks(gathered, world, dtype) if rank == 0 else None
+
+
+def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Profiles measured in rounds as one: each timing the median over the rounds (the rounds share
+    their sizes), so that a burst of other work on the machine during one round does not count."""
+    def median_seconds(rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        return [{**row, "seconds": statistics.median(r[i]["seconds"] for r in rows)} for i, row in enumerate(rows[0])]
+
+    first = profiles[0]
+    return {**first,
+            "matmul": median_seconds([p["matmul"] for p in profiles]),
+            "memory_copy": median_seconds([p["memory_copy"] for p in profiles]),
+            "small_op_s": statistics.median(p["small_op_s"] for p in profiles),
+            "attention": {**first["attention"],
+                          "seconds": statistics.median(p["attention"]["seconds"] for p in profiles)},
+            "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
+            "collectives": {kind: median_seconds([p["collectives"][kind] for p in profiles])
+                            for kind in first["collectives"]},
+            "rounds": len(profiles)}
+
+
+def _worker(rank: int, world: int, port: int, output: str, errors: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    try:
+        init_distributed()
+        profile = measure(world)
+        if rank == 0:
+            Path(output).write_text(json.dumps(profile, indent=1) + "\n")
+        dist.destroy_process_group()
+    except Exception:
+        Path(errors, f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The profile file: compute timings as the median over ranks, collectives as the slowest rank."""
+    first = ranks[0]["compute"]
+
+    def median_of(pick: Callable[[dict], float]) -> float:
+        return statistics.median(pick(r["compute"]) for r in ranks)
+
+    matmul = [{**row, "seconds": median_of(lambda c, i=i: c["matmul"][i]["seconds"])}
+              for i, row in enumerate(first["matmul"])]
+    copies = [{**row, "seconds": median_of(lambda c, i=i: c["memory_copy"][i]["seconds"])}
+              for i, row in enumerate(first["memory_copy"])]
+    collectives: dict[str, list[dict[str, Any]]] = {}
+    for i, row in enumerate(ranks[0]["collectives"]):
+        slowest = max(r["collectives"][i]["seconds"] for r in ranks)
+        collectives.setdefault(row["kind"], []).append(
+            {"group_size": row["group_size"], "bytes": row["bytes"], "seconds": slowest})
+    return {
+        "schema": SCHEMA,
+        "machine": {"kind": machine_kind(), "cores": os.cpu_count(), "memory_bytes": machine_memory_bytes(),
+                    "torch": torch.__version__, "backend": dist.get_backend()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "processes": world,
+        "threads_per_process": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "matmul": matmul,
+        "memory_copy": copies,
+        "small_op_s": median_of(lambda c: c["small_op_s"]),
+        "attention": {**first["attention"], "seconds": median_of(lambda c: c["attention"]["seconds"])},
+        "process_rss_bytes": max(r["rss"] for r in ranks),
+        "collectives": collectives,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def calibrate(nproc: int, output: str | Path) -> dict[str, Any]:
+    """Start ``nproc`` ranks on this machine, measure, write the profile to ``output``; return it."""
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise ValueError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} GPUs here")
+    output = Path(output)
+    with tempfile.TemporaryDirectory() as errors:
+        try:
+            mp.spawn(_worker, args=(nproc, _free_port(), str(output), errors), nprocs=nproc)
+        except Exception as exc:
+            reports = sorted(Path(errors).glob("rank*.txt"))
+            detail = "\n".join(f"{p.stem}: {p.read_text().strip().splitlines()[-1]}" for p in reports)
+            raise RuntimeError(f"calibration failed:\n{detail or exc}") from None
+    return json.loads(output.read_text())
+
+
+def summary(profile: dict[str, Any]) -> str:
+    """A few lines of what was measured (the fitted cluster is cost_model.profile's business)."""
+    best = max(2 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in profile["matmul"])
+    copy = max(r["bytes"] / r["seconds"] for r in profile["memory_copy"])
+    lines = [f"machine: {profile['machine']['kind']}, {profile['processes']} processes",
+             f"matmul: best {best / 1e9:.1f} GFLOP/s per process ({profile['dtype']})",
+             f"memory copy: {copy / 1e9:.1f} GB/s per process; one small op {profile['small_op_s'] * 1e6:.1f} us"]
+    for kind, rows in profile["collectives"].items():
+        top = max(rows, key=lambda r: (r["bytes"], r["group_size"]))
+        lines.append(f"{kind}: {top['bytes'] / 2**20:.2f} MiB over {top['group_size']} ranks in "
+                     f"{top['seconds'] * 1e3:.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meshplan calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=4, help="ranks that run at once (as in training)")
+    parser.add_argument("-o", "--output", default="profile.json", help="where to write the profile")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        profile = calibrate(args.nproc, args.output)
+    except (ValueError, RuntimeError) as exc:
+        print(f"meshplan: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(profile))
+    print(f"wrote {args.output} in {time.perf_counter() - start:.1f} s; use it with --cluster {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

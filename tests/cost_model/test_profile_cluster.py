@@ -1,0 +1,136 @@
+"""A cluster from a measured profile (cost_model.profile): the fits recover what the timings were
+made from, and a malformed profile or one of another machine kind is refused with the reason."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from meshplan import ir
+from meshplan.cost_model import Cluster, bus_bytes, cluster_from_profile, collective_time, matmul_time_s, parse_cluster
+
+KIND = "cpu/x86_64/Test CPU/2 cores"
+PEAK, OVERHEAD, COPY_BPS = 20e9, 3e-6, 8e9
+# (kind, group size) -> (latency of one call, bus bandwidth)
+TRUE = {("all-reduce", 2): (5e-4, 0.6e9), ("all-reduce", 4): (4e-3, 1.2e9), ("all-gather", 2): (3e-4, 0.4e9),
+        ("all-gather", 4): (3e-3, 0.8e9)}
+
+
+def synthetic_profile() -> dict:
+    matmul = [{"m": m, "n": n, "k": k, "seconds": 2 * m * n * k / PEAK + OVERHEAD}
+              for m, n, k in ((128, 128, 128), (512, 512, 512), (1024, 768, 256))]
+    collectives: dict[str, list] = {}
+    for (kind, size), (call_s, bus) in TRUE.items():
+        for nbytes in (16 << 10, 256 << 10, 4 << 20):
+            collectives.setdefault(kind, []).append(
+                {"group_size": size, "bytes": nbytes, "seconds": call_s + bus_bytes(kind, nbytes, size) / bus})
+    return {"schema": "meshplan.profile/1", "machine": {"kind": KIND, "cores": 2, "memory_bytes": 24e9},
+            "processes": 4, "threads_per_process": 1, "dtype": "float32", "matmul": matmul,
+            "memory_copy": [{"bytes": 2 << 26, "seconds": (2 << 26) / COPY_BPS}], "small_op_s": OVERHEAD,
+            "attention": {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
+                          "seconds": 0.5 * 4 * 4 * 256 * 256 * 64 / (0.5 * PEAK) + OVERHEAD},
+            "process_rss_bytes": 4.5e8, "collectives": collectives}
+
+
+def test_fits_recover_the_numbers_the_timings_came_from() -> None:
+    cluster = cluster_from_profile(synthetic_profile())
+    accel = cluster.accelerator
+    assert cluster.world_size == 4 and cluster.nodes == 1
+    assert accel.peak("float32") == pytest.approx(PEAK, rel=1e-6) and accel.matmul_efficiency["float32"] == 1.0
+    assert accel.memory_bw_Bps == pytest.approx(COPY_BPS) and accel.kernel_overhead_s == OVERHEAD
+    assert accel.attention_efficiency == pytest.approx(0.5, rel=1e-3)
+    assert accel.memory_bytes == pytest.approx(6e9) and accel.reserved_bytes == pytest.approx(4.5e8)
+    assert matmul_time_s(accel, "float32", 512, 512, 512, 4) == pytest.approx(2 * 512 ** 3 / PEAK + OVERHEAD, rel=1e-4)
+    for (kind, size), (call_s, bus) in TRUE.items():
+        for nbytes in (1 << 20, 64 << 20):
+            expect = call_s + bus_bytes(kind, nbytes, size) / bus
+            assert collective_time(kind, nbytes, size, 1, cluster) == pytest.approx(expect, rel=1e-6)
+
+
+def test_unmeasured_collectives_and_sizes_fall_back_sensibly() -> None:
+    cluster = cluster_from_profile(synthetic_profile())
+    tier = cluster.tiers[0]
+    assert tier.measured and tier.achievable_Bps == tier.bandwidth_Bps == pytest.approx(1.2e9)
+    # reduce-scatter was not measured: the tier's all-reduce numbers, per step
+    assert collective_time("reduce-scatter", 1 << 20, 4, 1, cluster) > 0
+    # a group of 3 takes the nearest measured size (4), latency scaled by the tree depth
+    assert tier.latency_of("all-reduce", 3) == pytest.approx(4e-3 * math.ceil(math.log2(3)) / 2)
+
+
+def test_parse_cluster_takes_a_profile_path(tmp_path) -> None:
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps(synthetic_profile()))
+    cluster = parse_cluster(str(path))
+    assert cluster.spec == str(path) and cluster.world_size == 4
+    assert Cluster.from_profile(str(path), expect_kind=KIND).accelerator == cluster.accelerator
+
+
+def _broken(change) -> dict:
+    data = copy.deepcopy(synthetic_profile())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d.update(schema="meshplan.cluster/1"), "schema 'meshplan.cluster/1', expected 'meshplan.profile/1'"),
+    (lambda d: d.pop("matmul"), "matmul must be a list of at least 2 measurements, got None"),
+    (lambda d: d["matmul"][1].update(seconds=-1.0), "matmul[1]: seconds must be a positive number, got -1.0"),
+    (lambda d: d["machine"].update(kind=""), "machine.kind is empty"),
+    (lambda d: d.update(processes=0), "processes must be a positive integer, got 0"),
+    (lambda d: d["collectives"].pop("all-reduce"), "collectives lacks 'all-reduce'"),
+    (lambda d: d["collectives"].update(gossip=[]), "unknown kind 'gossip'"),
+    (lambda d: d["collectives"]["all-gather"][0].update(group_size=8), "a group must have 2 to processes(4) ranks"),
+    (lambda d: d.update(dtype="int4"), "dtype 'int4' is not one of"),
+    (lambda d: d.update(process_rss_bytes=7e9), "process_rss_bytes (7e+09) is not below the memory per process"),
+])
+def test_malformed_profiles_are_refused_with_the_reason(change, words) -> None:
+    with pytest.raises(ir.InvalidClusterError) as err:
+        cluster_from_profile(_broken(change))
+    assert words in str(err.value)
+
+
+def test_a_profile_of_another_machine_kind_is_refused() -> None:
+    with pytest.raises(ir.InvalidClusterError) as err:
+        cluster_from_profile(synthetic_profile(), expect_kind="cuda/NVIDIA H100 80GB HBM3")
+    assert f"measured on {KIND!r}, but this machine is 'cuda/NVIDIA H100 80GB HBM3'" in str(err.value)
+    assert "meshplan calibrate" in str(err.value)
+
+
+def test_unreadable_or_non_json_files(tmp_path) -> None:
+    with pytest.raises(ir.InvalidClusterError, match="cannot read profile"):
+        parse_cluster(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ir.InvalidClusterError, match="is not valid JSON"):
+        parse_cluster(str(bad))
+    preset_like = tmp_path / "preset.json"
+    preset_like.write_text(json.dumps({"schema": "meshplan.cluster/1"}))
+    with pytest.raises(ir.InvalidClusterError, match="meshplan calibrate --nproc N"):
+        parse_cluster(str(preset_like))
+
+
+def test_the_runtime_writes_the_schema_the_cost_model_reads() -> None:
+    from meshplan.cost_model import profile
+    from meshplan.runtime import calibrate
+
+    assert calibrate.SCHEMA == profile.SCHEMA
+
+
+def test_ranks_that_share_cores_lend_them_while_they_wait(make_graph, make_plan, make_gpt) -> None:
+    """4 processes on 2 cores: the pipeline bubble is idle time whose core the other ranks use."""
+    import dataclasses
+
+    from meshplan.cost_model import estimate
+
+    shared = cluster_from_profile(synthetic_profile())
+    assert shared.accelerator.shared_by == 2.0  # 4 processes / 2 cores
+    alone = dataclasses.replace(shared, accelerator=dataclasses.replace(shared.accelerator, shared_by=1.0))
+    cfg = make_gpt(4, 256, 8, vocab=4096, seq=128)
+    pp = make_plan(cfg, shared, global_batch=16, seq_len=128, pp=4, micro_batch=4, dtype="float32")
+    dp = make_plan(cfg, shared, global_batch=16, seq_len=128, dp=4, micro_batch=4, dtype="float32")
+    graph = make_graph(cfg)
+    assert estimate(graph, shared, pp).step_time_s < estimate(graph, alone, pp).step_time_s
+    assert estimate(graph, shared, pp).time_s["bubble"] < estimate(graph, alone, pp).time_s["bubble"]
+    assert estimate(graph, shared, dp).step_time_s == pytest.approx(estimate(graph, alone, dp).step_time_s)

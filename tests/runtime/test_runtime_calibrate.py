@@ -1,0 +1,33 @@
+"""``meshplan calibrate`` on this machine: two gloo ranks write a profile that the cost model reads
+back as a cluster of this kind of machine (and refuses as another kind)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import ir
+from meshplan.cost_model import Cluster, collective_time, parse_cluster
+from meshplan.runtime import calibrate
+
+pytestmark = pytest.mark.slow
+
+
+def test_calibrate_writes_a_profile_the_cost_model_reads(tmp_path) -> None:
+    path = tmp_path / "profile.json"
+    assert calibrate.main(["--nproc", "2", "-o", str(path)]) == 0
+    profile = json.loads(path.read_text())
+    assert profile["schema"] == "meshplan.profile/1" and profile["processes"] == 2
+    assert {"all-reduce", "all-gather", "reduce-scatter"} <= set(profile["collectives"])
+    cluster = Cluster.from_profile(str(path), expect_kind=calibrate.machine_kind())
+    assert cluster.world_size == 2 and "float32" in cluster.accelerator.peak_flops
+    assert collective_time("all-reduce", 4 << 20, 2, 1, cluster) > collective_time("all-reduce", 16 << 10, 2, 1,
+                                                                                    cluster)
+    assert parse_cluster(str(path)).accelerator == cluster.accelerator
+    with pytest.raises(ir.InvalidClusterError, match="but this machine is 'cuda/Other GPU'"):
+        Cluster.from_profile(str(path), expect_kind="cuda/Other GPU")
+
+
+def test_bad_nproc_is_one_line(capsys, tmp_path) -> None:
+    assert calibrate.main(["--nproc", "0", "-o", str(tmp_path / "p.json")]) == 2
+    assert "--nproc must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""``meshplan estimate``: one plan, every choice given, costed without a search; bad input gets
+one line with the arithmetic."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import cli_estimate
+
+TINY = ("--model", "gpt-tiny", "--global-batch", "8", "--seq-len", "64")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli_estimate.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_prints_the_plan_report_and_both_flop_rates(capsys) -> None:
+    code, out, err = run(capsys, *TINY, "--cluster", "cpu:1x4", "--tp", "2", "--recompute", "full")
+    assert code == 0, err
+    assert "tp                                 2" in out and "dp                                 2" in out
+    assert "time per step" in out and "memory per GPU" in out
+    line = next(x for x in out.splitlines() if x.startswith("FLOP/s per GPU"))
+    assert "model" in line and "hardware" in line and "float32 peak" in line
+
+
+def test_json_is_the_plan_with_its_prediction(capsys) -> None:
+    code, out, _ = run(capsys, *TINY, "--cluster", "cpu:1x4", "--pp", "2", "--dp", "2", "--micro-batch", "2",
+                       "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["schema"] == "meshplan.plan/1" and plan["mesh"]["pp"] == 2 and plan["num_microbatches"] == 2
+    assert plan["stages"] == [[0, 2], [2, 4]] and plan["prediction"]["step_time_s"] > 0
+
+
+def test_interleaved_pipeline_with_given_stages(capsys) -> None:
+    code, out, err = run(capsys, "--model", "gpt3-175b", "--cluster", "a100-80gb:8x8", "--global-batch", "64",
+                         "--seq-len", "2048", "--tp", "8", "--pp", "8", "--vp", "3", "--recompute", "selective",
+                         "--software", "megatron-lm-2021", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["schedule"] == "interleaved-1f1b" and len(plan["stages"]) == 24
+    assert plan["sequence_parallel"] is True  # on by default with tp > 1
+    # Korthikanti et al. 2022 Table 5 measured 13.75 s for this run
+    assert plan["prediction"]["step_time_s"] == pytest.approx(13.75, rel=0.15)
+
+
+@pytest.mark.parametrize("degrees, arithmetic", [
+    (("--tp", "2", "--dp", "3"), "pp(1) * dp(3) * cp(1) * tp(2) = 6 != 4 GPUs"),
+    (("--tp", "3"), "tp(3) * pp(1) * cp(1) = 3 does not divide the 4 GPUs (4 % 3 = 1)"),
+    (("--dp", "4", "--micro-batch", "4"), "micro_batch(4) * dp(4) = 16 does not divide it"),
+    (("--pp", "2", "--dp", "2", "--stages", "1,2"), "--stages gives 2 chunks of 3 layers"),
+])
+def test_degrees_that_do_not_fit_show_the_arithmetic(capsys, degrees, arithmetic) -> None:
+    code, _, err = run(capsys, *TINY, "--cluster", "cpu:1x4", *degrees)
+    assert code == 2 and arithmetic in err and "Traceback" not in err
+
+
+def test_fp8_on_a100_says_the_preset_has_no_fp8_peak(capsys) -> None:
+    code, _, err = run(capsys, *TINY, "--cluster", "a100-80gb:1x8", "--dp", "8", "--dtype", "fp8")
+    assert code == 2
+    assert "has no float8 peak" in err and "bfloat16" in err  # names what it does list
