@@ -5,6 +5,7 @@ from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
                       ShardOptimizer, TensorParallel)
+from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
 
@@ -36,6 +37,7 @@ def imports(program: Program) -> list[str]:
     lines += ["", "import meshplan.zoo"]
     if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
         lines.append("from meshplan.runtime.expert import shard_experts")
+    lines += context_imports(program)  # all-gather attention: torch's context_parallel has no CPU kernel rule
     return lines
 
 

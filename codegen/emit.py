@@ -16,11 +16,11 @@ import re
 from typing import Callable
 
 from ..ir import Plan
-from . import expert, pipeline_emit, script
+from . import context, expert, pipeline_emit, script
 from .assemble import assemble
 from .lower import lower
-from .program import (BuildMesh, DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
-                      ShardOptimizer, SplitPipeline, Step, TensorParallel)
+from .program import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
+                      Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from .tp_plans import torch_call
 
 INDENT = "    "
@@ -100,12 +100,13 @@ EMITTERS: dict[type, Callable[..., tuple[str, list[str]]]] = {
     FullyShard: _fully_shard_lines, DataParallel: _ddp_lines, ShardOptimizer: _shard_optimizer_lines,
     ExpertMesh: expert.expert_mesh_lines, ExpertParallel: expert.expert_parallel_lines,
     SplitPipeline: pipeline_emit.split_pipeline_lines,
+    FlattenMesh: context.flatten_mesh_lines, ContextParallel: context.context_parallel_lines,
 }
 
 
 def _comment(step: Step) -> str:
     """Why the group of steps is there, as the comment above it."""
-    expert_comment = expert.comment(step)
+    expert_comment = expert.comment(step) or context.comment(step)
     if expert_comment is not None:
         return expert_comment
     if isinstance(step, TensorParallel):
@@ -192,4 +193,5 @@ def emit_source(plan: Plan | Program, *, name: str | None = None) -> str:
         name = config.get("name") or f"a {config.get('family')} model"
     sections = render_sections(program)
     parts = pipeline_emit.script_parts(program, sections["pipeline"]) if sections["pipeline"] else script
+    parts = context.script_parts(program, parts)  # this rank's tokens, under context parallelism
     return assemble(program, sections, name, parts)

@@ -1,14 +1,17 @@
 """``lower(plan) -> Program``: choose the parallelization steps a plan asks for, in torchtitan's order.
 
-    BuildMesh                     [("pp", pp)] ("dp", dp) [("dp_shard", 1)] ("tp", tp)
+    BuildMesh                     [("pp", pp)] ("dp", dp) [("dp_shard", 1)] [("cp", cp)] ("tp", tp)
+    FlattenMesh                   dp x cp as one axis "dp_cp", when cp > 1 (codegen.context)
     SplitPipeline                 pipeline stages first, when pp > 1 (codegen.pipeline_lower)
     TensorParallel(root)          embedding, final norm, output head
     TensorParallel(layers.i)      attention and MLP of each block
     ExpertMesh, ExpertParallel    MoE experts sharded over ep, a sub-group of dp (codegen.expert)
+    ContextParallel(layers.i.attn), (embed)   the sequence split over cp (codegen.context)
     Recompute(layers.i[.attn])    activation checkpointing, per layer as plan.recompute says
     FullyShard(layers.i), (root)  ZeRO-2/3, or HSDP with a shard axis of 1 for plain DP with TP
     DataParallel(root)            plain DP without TP (DDP)
     ShardOptimizer                ZeRO-1 (with DDP)
+    (data parallelism runs over "dp_cp" instead of "dp" under context parallelism)
 
 Why this order (torchtitan, ``models/llama3/parallelize.py``): tensor parallelism first, because
 it replaces parameters with DTensors on the tp mesh that FSDP then shards further over dp (2-D
@@ -23,7 +26,7 @@ from typing import Any
 
 from ..ir import InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
-from . import expert, pipeline_lower, tp_plans
+from . import context, expert, pipeline_lower, tp_plans
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
                       TensorParallel)
 
@@ -35,9 +38,11 @@ def lower(plan: Plan) -> Program:
     cfg = _model_dims(plan)
     check_supported(plan, cfg)
     dp, tp = plan.mesh.dp, plan.mesh.tp
-    steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan))]
+    steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan)), *context.flatten_mesh(plan)]
     if tp > 1:
         steps += _tensor_parallel(cfg, plan.sequence_parallel)
+    if plan.mesh.cp > 1:
+        steps += context.context_parallel(plan, cfg)
     if plan.mesh.ep > 1:
         steps += expert.expert_parallel(plan, steps[0].dims, cfg["layers"])
     steps += _recompute(plan, cfg["layers"])
@@ -69,11 +74,8 @@ def _model_dims(plan: Plan) -> dict[str, Any]:
 def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for the parts of a plan the runtime does not execute yet, saying which and why."""
     m = plan.mesh
-    for axis, what in (("cp", "context parallelism"),):
-        size = getattr(m, axis)
-        if size > 1:
-            raise InvalidPlanError(f"{what} ({axis}={size}) is not supported by the runtime yet; "
-                                   f"plan with {axis}=1")
+    if m.cp > 1:
+        context.check_context_parallel(plan, cfg)
     if m.ep > 1:
         expert.check_expert_parallel(plan, cfg)
     if plan.zero_stage == 1 and m.tp > 1:
@@ -94,7 +96,7 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
 
 
 def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
-    """pp outermost, then dp, tp innermost (tp ranks are neighbours, on one node when there are several).
+    """pp outermost, then dp, cp, tp innermost (tp ranks are neighbours, on one node when there are several).
 
     Plain DP with TP gets a size-1 "dp_shard" axis: FSDP2 in HSDP form with a shard group of one
     replicates the parameters and all-reduces the gradients (DDP semantics), which DDP itself
@@ -104,8 +106,10 @@ def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
     hsdp = pipeline_lower.hsdp_for_plain_dp(plan) or expert.hsdp_for_plain_dp(plan)
     if hsdp and plan.mesh.dp > 1 and plan.mesh.tp == 1:
         dims.append(("dp_shard", 1))
+    if plan.mesh.cp > 1:
+        dims.append(("cp", plan.mesh.cp))
     if plan.mesh.tp > 1:
-        if plan.zero_stage == 0 and plan.mesh.dp > 1:
+        if plan.zero_stage == 0 and plan.mesh.dp * plan.mesh.cp > 1:
             dims.append(("dp_shard", 1))
         dims.append(("tp", plan.mesh.tp))
     return tuple(dims)
@@ -132,12 +136,13 @@ def _recompute(plan: Plan, layers: int) -> list[Step]:
 
 
 def _data_parallel(plan: Plan, layers: int) -> list[Step]:
-    dp, zero = plan.mesh.dp, plan.zero_stage
+    dp, zero = plan.mesh.dp * plan.mesh.cp, plan.zero_stage  # cp ranks see other tokens: data-parallel too
+    axis = context.data_axis(plan)  # "dp", or "dp_cp" (dp x cp flattened) under context parallelism
     if dp == 1:
         return []  # nothing to replicate or shard over
     if plan.mesh.tp == 1 and plan.mesh.ep == 1 and zero <= 1:
-        return [DataParallel(module="", mesh_axis="dp")] + ([ShardOptimizer(mesh_axis="dp")] if zero == 1 else [])
-    axes = ("dp", "dp_shard") if zero == 0 else ("dp",)
+        return [DataParallel(module="", mesh_axis=axis)] + ([ShardOptimizer(mesh_axis=axis)] if zero == 1 else [])
+    axes = (axis, "dp_shard") if zero == 0 else (axis,)
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
     # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
     # head and the embedding are needed again as soon as backward starts.

@@ -230,10 +230,44 @@ class ExpertParallel:
                                    f"and divide num_experts({self.num_experts})")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlattenMesh:
+    """``mesh[axes]._flatten(name)``: one more axis over the ranks of ``axes`` together (torchtitan's
+    ``dp_shard_cp``). Under context parallelism the dp x cp ranks all see different tokens, so data
+    parallelism (DDP, FSDP) runs over the flattened axis."""
+
+    axes: tuple[str, ...]
+    name: str
+
+    def __post_init__(self) -> None:
+        if len(self.axes) < 2 or self.name in self.axes:
+            raise InvalidPlanError(f"FlattenMesh: flatten two or more axes into a new name, got {self.axes} -> "
+                                   f"{self.name!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextParallel:
+    """Context parallelism of one module over ``mesh[axis]`` (Llama 3's all-gather CP, Dubey et al. 2024,
+    sec. 3.3.2): each cp rank holds ``seq_len / cp_size`` tokens of every sequence, chunks ``r`` and
+    ``2 cp - 1 - r`` of ``2 cp`` with ``load_balance`` (equal causal work per rank), else chunk ``r`` of
+    ``cp``. An attention module all-gathers K and V over cp and masks by the tokens' global positions,
+    where its rotary rows come from too; an embedding takes its learned positions there
+    (``meshplan.runtime.context.context_parallel``)."""
+
+    module: str
+    cp_size: int
+    load_balance: bool = True
+    mesh_axis: str = "cp"
+
+    def __post_init__(self) -> None:
+        if self.cp_size < 2:
+            raise InvalidPlanError(f"ContextParallel({self.module}): cp_size({self.cp_size}) must be at least 2")
+
+
 Step = (BuildMesh | SplitPipeline | TensorParallel | ExpertMesh | ExpertParallel | Recompute | FullyShard
-        | DataParallel | ShardOptimizer)
+        | DataParallel | ShardOptimizer | FlattenMesh | ContextParallel)
 STEP_KINDS: tuple[type, ...] = (BuildMesh, SplitPipeline, TensorParallel, ExpertMesh, ExpertParallel, Recompute,
-                                FullyShard, DataParallel, ShardOptimizer)
+                                FullyShard, DataParallel, ShardOptimizer, FlattenMesh, ContextParallel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

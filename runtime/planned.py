@@ -1,9 +1,10 @@
 """``apply(plan, model) -> PlannedModule``: shard a model in-process as the plan says, and train it.
 
 ``PlannedModule.step`` does what the emitted script's loop does, in the same order: each dp rank
-takes its slice of the global batch, splits it into ``num_microbatches`` micro-batches, backpropagates
+takes its slice of the global batch (under context parallelism, each cp rank its tokens of every
+sequence: ``runtime.context``), splits it into ``num_microbatches`` micro-batches, backpropagates
 ``loss / num_microbatches`` for each (gradients accumulate), steps the optimizer, and returns the
-global mean loss (a SUM all-reduce over dp, divided by dp: identical on every rank).
+global mean loss (a SUM all-reduce over dp (x cp), divided by their number: identical on every rank).
 
 Precision: everything runs in fp32 for now, whatever ``plan.dtype`` says (bf16 mixed precision is
 for GPUs and not applied yet).
@@ -23,6 +24,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from ..codegen import Program, lower
 from ..ir import InvalidPlanError, Plan
 from .checkpoint import load_checkpoint, save_checkpoint
+from .context import data_group, sequence_split
 from .distributed import device_for_rank, init_distributed
 from .expert import expert_shard_groups, gather_expert_shard
 from .interpret import State, execute
@@ -49,6 +51,12 @@ class PlannedModule:
     (``local_batch``, or slice by ``dp_rank``/``dp_size``), call it, backpropagate, step
     ``optimizer``; gradients are averaged over dp by the wrapper, and ``dp_group`` is there to
     average a loss for printing. ``mesh`` is the DeviceMesh (axes as ``lower(plan).mesh.dims``).
+    Under context parallelism a rank also takes only its tokens of each sequence
+    (``sequence.take``, which ``local_batch`` applies), gradients are averaged over dp x cp, and a
+    loss is averaged over ``loss_group`` (dp x cp; ``dp_group`` otherwise).
+    Under pipeline parallelism ``module`` holds this rank's stages under the whole model's names (for
+    the optimizer and checkpoints; not callable) and ``pipeline`` its stages and schedule: train with
+    ``step``, which runs the micro-batches through the schedule.
     """
 
     def __init__(self, program: Program, state: State, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> None:
@@ -61,6 +69,8 @@ class PlannedModule:
         self.dp_size: int = self.mesh.size(self.mesh.mesh_dim_names.index(program.dp_axis))
         self.dp_rank: int = self.mesh.get_local_rank(program.dp_axis)
         self.dp_group = self.mesh[program.dp_axis].get_group()
+        self.sequence = sequence_split(program, self.mesh)  # this rank's tokens of each sequence (cp)
+        self.loss_group, self.loss_ranks = data_group(program, self.mesh)  # the ranks that see other tokens
         self._ddp = state.ddp
         self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
         if self.pipeline is not None:
@@ -68,7 +78,8 @@ class PlannedModule:
         self.steps_done = 0  # optimizer steps taken by step() or restored by load(): the data position
 
     def local_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This dp rank's contiguous slice of a global batch (the same tensors on every rank)."""
+        """This rank's share of a global batch (the same tensors on every rank): its dp rank's contiguous
+        rows and, under context parallelism, its tokens of each sequence (targets cut alike)."""
         batch, parts = inputs.shape[0], self.dp_size * self.program.num_microbatches
         if batch % parts:
             raise InvalidPlanError(
@@ -77,7 +88,7 @@ class PlannedModule:
                 f"{batch % parts}; use a multiple of {parts} (the plan's global batch is {self.program.global_batch})")
         local = batch // self.dp_size
         rows = slice(self.dp_rank * local, (self.dp_rank + 1) * local)
-        return inputs[rows], targets[rows]
+        return self.sequence.take(inputs[rows]), self.sequence.take(targets[rows])
 
     def _check_local(self, inputs: torch.Tensor) -> None:
         batch, n = inputs.shape[0], self.program.num_microbatches
@@ -123,8 +134,8 @@ class PlannedModule:
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.steps_done += 1
-        dist.all_reduce(loss_sum, group=self.dp_group)  # the global mean loss: average over the dp ranks
-        return loss_sum.item() / self.dp_size
+        dist.all_reduce(loss_sum, group=self.loss_group)  # the global mean loss: average over dp (x cp) ranks
+        return loss_sum.item() / self.loss_ranks
 
     def save(self, path: str, *, step: int | None = None) -> None:
         """Write a sharded checkpoint (model, optimizer, ``step`` (default ``steps_done``), RNG) to the

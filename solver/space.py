@@ -11,9 +11,15 @@ Rules, so that every candidate is one the runtime can execute and the topology r
   with ``tp > 1`` sequence parallelism is on unless pinned off: it moves the same bytes as plain
   TP (an all-gather + reduce-scatter per all-reduce) and stores ``1/tp`` of the norm and dropout
   activations (Korthikanti et al. 2022, sec. 4.2.2), so plain TP never wins on our cost model.
-* ``cp`` splits the sequence; a rank keeps at least ``MIN_CP_TOKENS`` tokens.
+* ``cp`` splits the sequence; a rank keeps at least ``MIN_CP_TOKENS`` tokens. ZeRO shards over the
+  dp x cp ranks (every one sees other tokens), so it needs ``dp * cp > 1``; the runtime has no cp
+  beside pp or ep yet: ``CP_WITH_PP``, ``CP_WITH_EP``.
 * ``ep`` divides the experts and ``dp * cp`` (Megatron-Core folds experts inside data parallelism).
-* ``pp * vp <= layers``; interleaving needs the micro-batch count to divide by ``pp``.
+* ``pp * vp <= layers``; interleaving needs the micro-batch count to divide by ``pp``; 1F1B needs at
+  least ``pp`` micro-batches and zero bubble a count that splits into rounds of ``pp`` (torch's
+  schedules). Under pipelining the runtime has no ZeRO-1 (DDP breaks under
+  ``torch.distributed.pipelining``) and no ZeRO-3 with zero bubble (FSDP2's resharding after
+  forward loses the deferred weight gradients): ``ZERO1_WITH_PP``, ``ZERO3_WITH_ZB``.
 * ``micro_batch * num_microbatches * dp = global_batch``; micro-batches of at most
   ``MAX_MICRO_BATCH`` sequences unless pinned (larger ones only add activation memory once the
   matmuls are large enough to run at full efficiency).
@@ -28,11 +34,15 @@ from typing import Any
 
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep"})  # grows as the runtime does: pp, cp
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp"})  # grows as the runtime does
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
+ZERO1_WITH_PP = "zero1_pp"  # ZeRO-1 (DDP + ZeroRedundancyOptimizer) beside pipeline parallelism
+ZERO3_WITH_ZB = "zero3_zb"  # ZeRO-3 under the zero-bubble schedule
 EP_OVER_CP = "ep_cp"  # ep ranks taken from cp as well as dp (the runtime folds ep inside dp only)
+CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
+CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 256
@@ -96,7 +106,27 @@ def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME)
         except ValueError:
             raise PlanError(f"fixed: schedule={fixed['schedule']!r}; expected one of "
                             f"{[str(s) for s in Schedule]}") from None
+    _check_pipeline_pins(fixed, runtime)
+    _check_context_pins(fixed, runtime)
     return fixed
+
+
+def _check_context_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None:
+    """Pinned combinations the runtime cannot split the sequence with, said before the search finds nothing."""
+    for key, rule in (("pp", CP_WITH_PP), ("ep", CP_WITH_EP)):
+        if fixed.get("cp", 1) > 1 and fixed.get(key, 1) > 1 and rule not in runtime:
+            raise PlanError(f"fixed: cp={fixed['cp']} with {key}={fixed[key]}; the runtime has no context "
+                            f"parallelism beside {key} yet; pin cp=1 or {key}=1")
+
+
+def _check_pipeline_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None:
+    """Pinned combinations the runtime cannot pipeline, said before the search finds nothing."""
+    if fixed.get("zero") == 1 and fixed.get("pp", 1) > 1 and ZERO1_WITH_PP not in runtime:
+        raise PlanError(f"fixed: zero=1 with pp={fixed['pp']}; the runtime has no ZeRO-1 under pipelining "
+                        "(DDP breaks under torch.distributed.pipelining); pin zero 0 or 2")
+    if fixed.get("zero") == 3 and fixed.get("schedule") == Schedule.ZERO_BUBBLE and ZERO3_WITH_ZB not in runtime:
+        raise PlanError("fixed: zero=3 with the zero-bubble schedule; the runtime cannot reshard parameters "
+                        "between zero bubble's deferred weight gradients; pin zero 2 or another schedule")
 
 
 def tp_degrees(dims: ModelDims, gpus_per_node: int, world: int) -> tuple[int, ...]:
@@ -115,7 +145,8 @@ def _meshes(dims: ModelDims, world: int, gpus_per_node: int, seq_len: int, fixed
         cps = [c for c in divisors(rest) if c == 1 or ("cp" in runtime and seq_len // c >= MIN_CP_TOKENS
                                                        and seq_len % (c * tp) == 0)]
         for cp in cps:
-            pps = [p for p in divisors(rest // cp) if p == 1 or ("pp" in runtime and p <= dims.layers)]
+            pps = [p for p in divisors(rest // cp) if p == 1 or ("pp" in runtime and p <= dims.layers
+                                                                 and (cp == 1 or CP_WITH_PP in runtime))]
             for pp in pps:
                 dp = rest // cp // pp
                 for ep in _expert_degrees(dims, dp, cp, pp, runtime):
@@ -129,13 +160,17 @@ def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozens
     runtime says so)."""
     if not dims.experts or "ep" not in runtime or (pp > 1 and EP_WITH_PP not in runtime):
         return [1]
+    if cp > 1 and CP_WITH_EP not in runtime:
+        return [1]
     return [e for e in divisors(dp * cp if EP_OVER_CP in runtime else dp) if dims.experts % e == 0]
 
 
 def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tuple[Schedule, int]]:
     if pp == 1:
         return [(Schedule.ONE_F_ONE_B, 1)]
-    out = [(s, 1) for s in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZERO_BUBBLE)]
+    out = ([(Schedule.ONE_F_ONE_B, 1)] if microbatches >= pp else []) + [(Schedule.GPIPE, 1)]
+    if microbatches % max(1, microbatches // pp) == 0:
+        out.append((Schedule.ZERO_BUBBLE, 1))
     if microbatches % pp == 0:
         out += [(Schedule.INTERLEAVED_1F1B, v) for v in VIRTUAL_STAGES if pp * v <= layers]
     return [(s, v) for s, v in out if fixed.get("schedule", s) == s and fixed.get("vp", v) == v]
@@ -151,12 +186,16 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
-        zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z and (z == 0 or mesh["dp"] > 1)
+        zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z
+                 and (z == 0 or mesh["dp"] * mesh["cp"] > 1)  # ZeRO shards over dp x cp
                  and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)
-                 and not (z == 1 and mesh["ep"] > 1 and ZERO1_WITH_EP not in runtime)]
+                 and not (z == 1 and mesh["ep"] > 1 and ZERO1_WITH_EP not in runtime)
+                 and not (z == 1 and mesh["pp"] > 1 and ZERO1_WITH_PP not in runtime)]
         for zero, sp in product(zeros, sps):
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
                 for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):
+                    if zero == 3 and schedule == Schedule.ZERO_BUBBLE and ZERO3_WITH_ZB not in runtime:
+                        continue
                     out.append(Candidate(**mesh, zero=zero, sp=sp, micro_batch=mb, num_microbatches=n,
                                          schedule=schedule, vp=vp))
     return tuple(out)

@@ -1,0 +1,125 @@
+"""Pipelined plans: SplitPipeline first, the root's styles split per stage part, plain DP as HSDP,
+what is refused and why, the emitted script; and (slow) that script on 8 gloo processes against one."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_codegen_lower import plan
+from test_codegen_run import _losses, _reference
+
+from meshplan import ir, zoo
+from meshplan.codegen import FullyShard, SplitPipeline, StyleKind, TensorParallel, emit_source, lower
+from meshplan.runtime.pipeline import StageModule
+
+
+def pipelined(family: str = "llama", *, pp: int = 2, schedule: str = "1f1b", vp: int = 1, stages=None,
+              nmb: int = 2, **kw) -> ir.Plan:
+    p = plan(family, **kw)
+    layers, count = p.model["layers"], pp * vp
+    stages = stages or tuple((c * layers // count, (c + 1) * layers // count) for c in range(count))
+    return dataclasses.replace(p, mesh=dataclasses.replace(p.mesh, pp=pp), stages=stages, schedule=schedule, vp=vp,
+                               micro_batch_size=2, num_microbatches=nmb, global_batch=2 * nmb * p.mesh.dp)
+
+
+def test_split_first_then_tp_recompute_fsdp_per_stage_part() -> None:
+    program = lower(pipelined("gpt", dp=2, tp=2, zero=3, sp=True, recompute=("full", "none", "none", "selective")))
+    assert program.mesh.dims == (("pp", 2), ("dp", 2), ("tp", 2))
+    assert program.kinds() == ("BuildMesh", "SplitPipeline") + ("TensorParallel",) * 7 + ("Recompute",) * 2 + (
+        "FullyShard",) * 5
+    split = program.steps[1]
+    assert split == SplitPipeline(stages=((0, 2), (2, 4)), schedule="1f1b", vp=1) and split.pp_size == 2
+    parts = {s.module: dict(s.plan) for s in program.steps[2:5]}
+    assert list(parts) == ["embed", "norm", "output"]  # each runs only on the stage that holds it
+    assert parts["embed"]["tok"].kind == StyleKind.ROWWISE
+    assert parts["embed"][""].kind == StyleKind.PREPARE_OUTPUT  # gpt: R -> S(1) after adding positions
+    assert parts["norm"][""].kind == StyleKind.SEQUENCE_PARALLEL and str(parts["output"][""]) == "colwise(S(1) -> R)"
+    shards = [s for s in program.steps if isinstance(s, FullyShard)]
+    assert [s.reshard_after_forward for s in shards] == [True] * 4 + [False]
+
+
+def test_plain_dp_under_pipelining_is_hsdp() -> None:
+    """DDP breaks under torch.distributed.pipelining (its shape inference runs a backward DDP does not
+    expect); FSDP2 with a shard group of 1 all-reduces once per step, driven by the schedule."""
+    program = lower(pipelined("llama", dp=2, schedule="zero-bubble"))
+    assert program.mesh.dims == (("pp", 2), ("dp", 2), ("dp_shard", 1))
+    assert "DataParallel" not in program.kinds()
+    shards = [s for s in program.steps if isinstance(s, FullyShard)]
+    assert [s.module for s in shards] == ["layers.0", "layers.1", "layers.2", "layers.3", ""]
+    assert all(s.mesh_axes == ("dp", "dp_shard") and not s.reshard_after_forward for s in shards)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dp=2, zero=1), "zero_stage 1 with pp(2) > 1 is not supported"),
+    (dict(dp=2, zero=3, schedule="zero-bubble"), "zero_stage 3 with the zero-bubble schedule is not supported"),
+    (dict(pp=4, nmb=2), "schedule 1f1b needs num_microbatches(2) >= pp(4)"),
+    (dict(pp=2, nmb=5, schedule="interleaved-1f1b", vp=2), "num_microbatches(5) % 2 rounds = 1"),
+    (dict(pp=2, nmb=5, schedule="zero-bubble"), "num_microbatches(5) % 2 rounds = 1; use a multiple of 2"),
+    (dict(stages=((0, 1), (1, 3))), "plan.stages cover 3 layers but the model has 4"),
+])
+def test_unsupported_pipelines_say_why(kwargs, message) -> None:
+    with pytest.raises(ir.InvalidPlanError) as err:
+        lower(pipelined(**kwargs))
+    assert message in str(err.value)
+
+
+def test_split_pipeline_checks_itself() -> None:
+    with pytest.raises(ir.InvalidPlanError, match="cover the layers in order"):
+        SplitPipeline(stages=((0, 2), (3, 4)), schedule="gpipe")
+    with pytest.raises(ir.InvalidPlanError, match=r"do not split into pp ranks of vp\(2\)"):
+        SplitPipeline(stages=((0, 1), (1, 2), (2, 4)), schedule="interleaved-1f1b", vp=2)
+
+
+def test_script_builds_stages_and_the_schedule() -> None:
+    src = emit_source(pipelined("llama", dp=2, tp=2, sp=True, zero=2, schedule="interleaved-1f1b", vp=2,
+                                stages=((0, 1), (1, 3), (3, 4), (4, 6)), layers=6, recompute=("full",) + ("none",) * 5))
+    compile(src, "t.py", "exec")
+    assert "from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B" in src
+    assert 'mesh = init_device_mesh(device.type, (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))' in src
+    assert "    stage_layers = ((0, 1), (1, 3), (3, 4), (4, 6))\n" in src
+    assert "    stage_ids = range(pp_rank, len(stage_layers), 2)\n" in src
+    assert "stage_modules = [parallelize(StageModule(model, *stage_layers[c]), mesh) for c in stage_ids]" in src
+    assert "        stages, n_microbatches=NUM_MICROBATCHES, loss_fn=meshplan.zoo.loss_fn)" in src
+    assert ("    if model.embed is not None:  # only the first stage embeds\n"
+            "        parallelize_module(model.embed") in src
+    assert "    for i in held(model, range(6)):\n        parallelize_module(model.layers[i]" in src
+    assert "    for i in held(model, (0,)):\n        model.layers[i] = checkpoint_wrapper(" in src
+    assert "schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses)" in src
+    single = emit_source(pipelined("gpt", schedule="gpipe"))
+    assert "ScheduleGPipe(\n        stages[0], n_microbatches" in single and "DistributedDataParallel" not in single
+
+
+def test_script_stage_module_is_the_runtimes() -> None:
+    """The emitted StageModule keeps the same modules under the same names as the runtime's."""
+    namespace: dict = {"__name__": "emitted"}
+    exec(compile(emit_source(pipelined("gpt", schedule="gpipe")), "emitted.py", "exec"), namespace)
+    model = zoo.build("gpt-tiny")
+    for first, last in ((0, 1), (1, 3), (3, 4)):
+        ours, theirs = StageModule(model, first, last), namespace["StageModule"](model, first, last)
+        assert [(n, id(p)) for n, p in ours.named_parameters()] == [(n, id(p)) for n, p in theirs.named_parameters()]
+    assert next(iter(StageModule(model, 1, 3).named_parameters()))[0] == "layers.1.attn_norm.weight"
+    assert namespace["held"](namespace["StageModule"](model, 1, 3), range(4)) == [1, 2]
+
+
+@pytest.mark.slow
+def test_emitted_pp_dp_tp_script_matches_one_process(tmp_path) -> None:
+    """pp=2 x dp=2 x tp=2 with SP, ZeRO-3 and recompute, 1F1B, on 8 gloo processes under torchrun."""
+    path = tmp_path / "train_3d.py"
+    path.write_text(emit_source(pipelined("llama", dp=2, tp=2, sp=True, zero=3,
+                                          recompute=("full", "none", "selective", "none"))))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(path), "--steps", "3"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    losses = _losses(done.stdout)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(_reference("llama-tiny")), atol=1e-5, rtol=1e-5)

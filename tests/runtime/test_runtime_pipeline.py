@@ -1,0 +1,164 @@
+"""Pipeline parallelism on gloo: each pipelined plan trains 3 AdamW steps on 2, 4 or 8 CPU processes
+and must match one process training the same model on the same data (losses and final parameters,
+fp32, 1e-5); and each rank must hold exactly its stages.
+
+One launch per world size runs every case in the same processes (a gloo start costs seconds)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshplan import zoo
+from meshplan.runtime.train import synthetic_batch
+from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer, run_ranks
+from pipeline_cases import pipeline_plan
+
+FULL, SEL = ("full",) * 4, ("selective",) * 4
+
+CASES_8 = [  # pp=2 x dp=2 x tp=2
+    dict(name="llama 1f1b zero3 sp recompute", model="llama-tiny",
+         plan=dict(pp=2, dp=2, tp=2, sp=True, zero=3, recompute=("full", "none", "selective", "none"))),
+    dict(name="gpt interleaved vp2 zero0 sp", model="gpt-tiny",
+         plan=dict(pp=2, dp=2, tp=2, sp=True, schedule="interleaved-1f1b", vp=2)),
+    dict(name="llama zero-bubble zero2 no-sp", model="llama-tiny",
+         plan=dict(pp=2, dp=2, tp=2, zero=2, schedule="zero-bubble")),
+]
+CASES_4 = [
+    # the schedules on pp=4 (1F1B needs at least pp micro-batches)
+    dict(name="gpt pp4 gpipe", model="gpt-tiny", plan=dict(pp=4, schedule="gpipe")),
+    dict(name="llama pp4 1f1b uneven", model="llama-tiny",
+         plan=dict(pp=4, nmb=4, layers=6, stages=((0, 2), (2, 3), (3, 4), (4, 6)))),
+    dict(name="llama pp4 interleaved vp2", model="llama-tiny",
+         plan=dict(pp=4, nmb=4, schedule="interleaved-1f1b", vp=2, layers=8)),
+    dict(name="gpt pp4 zero-bubble", model="gpt-tiny", plan=dict(pp=4, nmb=4, schedule="zero-bubble")),
+    # pp x dp with each ZeRO stage the runtime runs under pipelining, pp x tp
+    dict(name="gpt pp2 dp2 zero0 1f1b", model="gpt-tiny", plan=dict(pp=2, dp=2)),
+    dict(name="llama pp2 dp2 zero2 zero-bubble full", model="llama-tiny",
+         plan=dict(pp=2, dp=2, zero=2, schedule="zero-bubble", recompute=FULL)),
+    dict(name="llama pp2 dp2 zero3 interleaved", model="llama-tiny",
+         plan=dict(pp=2, dp=2, zero=3, schedule="interleaved-1f1b", vp=2)),
+    dict(name="gpt pp2 tp2 sp gpipe selective", model="gpt-tiny",
+         plan=dict(pp=2, tp=2, sp=True, schedule="gpipe", recompute=SEL)),
+]
+CASES_2 = [
+    dict(name="gpt gpipe full", model="gpt-tiny", plan=dict(pp=2, schedule="gpipe", recompute=FULL)),
+    dict(name="llama interleaved uneven", model="llama-tiny",
+         plan=dict(pp=2, nmb=4, schedule="interleaved-1f1b", vp=2, layers=6, stages=((0, 1), (1, 3), (3, 4), (4, 6)))),
+    dict(name="moe 1f1b uneven", model="moe-tiny", plan=dict(pp=2, stages=((0, 3), (3, 4)))),
+]
+
+
+def _launch(tmp_path_factory, world_size: int, cases: list[dict]) -> list[dict]:
+    tmp = tmp_path_factory.mktemp(f"pipeline{world_size}")
+    run_ranks(world_size, "pipeline_cases:run_cases", {"cases": cases}, tmp)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def ranks8(tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory, 8, CASES_8)
+
+
+@pytest.fixture(scope="module")
+def ranks4(tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory, 4, CASES_4)
+
+
+@pytest.fixture(scope="module")
+def ranks2(tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory, 2, CASES_2)
+
+
+_REFERENCES: dict[tuple, tuple] = {}
+
+
+def _reference(cfg: dict) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch at once (as parity_support.reference, for any config)."""
+    key = tuple(sorted(cfg.items()))
+    if key not in _REFERENCES:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny matmuls; more threads only spin on a shared 2-core machine
+        torch.manual_seed(SEED)
+        net = zoo.build_from_config(cfg)
+        opt, losses = optimizer(net.parameters()), []
+        for step in range(1, STEPS + 1):
+            x, y = synthetic_batch(net.config.vocab, GLOBAL_BATCH, SEQ_LEN, SEED, step)
+            loss = zoo.loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        _REFERENCES[key] = losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+        torch.set_num_threads(threads)
+    return _REFERENCES[key]
+
+
+def _check_parity(ranks: list[dict], case: dict) -> None:
+    ref_losses, ref_params = _reference(pipeline_plan(case["model"], **case["plan"]).model)
+    got = [r[case["name"]] for r in ranks]
+    for rank, result in enumerate(got):  # the global mean loss, identical on every rank
+        assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
+    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
+    params = got[0]["params"]
+    assert sorted(params) == sorted(ref_params)  # the whole model's names: checkpoints stay plan-independent
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                  "zero-bubble": "ScheduleInterleavedZeroBubble"}
+
+
+def _check_holdings(ranks: list[dict], case: dict) -> None:
+    """Each rank holds its stages (c % pp == its pp rank) and their layers only; the embedding on
+    the first stage's rank, the head on the last's; parameters divided by tp, and by dp for ZeRO-2/3."""
+    plan = pipeline_plan(case["model"], **case["plan"])
+    pp, dp, tp, zero = plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage
+    total = sum(t.numel() for t in ranks[0][case["name"]]["params"].values())
+    held_numel = {}
+    for result in (r[case["name"]] for r in ranks):
+        ids = tuple(range(result["pp_rank"], len(plan.stages), pp))
+        assert result["stage_ids"] == ids and result["schedule"] == SCHEDULE_CLASS[plan.schedule]
+        assert result["layers"] == [i for c in ids for i in range(*plan.stages[c])]
+        assert result["parts"] == (["embed"] if 0 in ids else []) + (["norm", "output"] if len(plan.stages) - 1 in ids
+                                                                    else [])
+        assert result["checkpointed"] == sum(plan.recompute[i] != "none" for i in result["layers"])
+        assert (result["dtensors"] > 0) == (tp > 1 or dp > 1)
+        held_numel.setdefault(result["pp_rank"], []).append(result["local_numel"])
+    # a pp rank's dp * tp processes each hold 1/tp of its stages (norms and a few biases stay whole),
+    # and 1/dp of that under ZeRO-2/3: the pp ranks' holdings add up to the model once
+    whole = sum(sum(numels) * (dp if zero >= 2 else 1) * tp / (dp * tp) for numels in held_numel.values())
+    assert 0.98 * total <= whole <= 1.15 * total
+
+
+def _ids(cases: list[dict]) -> list[str]:
+    return [c["name"] for c in cases]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES_8, ids=_ids(CASES_8))
+def test_pp_dp_tp_on_eight_processes_matches_one(ranks8, case) -> None:
+    _check_parity(ranks8, case)
+    _check_holdings(ranks8, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES_4, ids=_ids(CASES_4))
+def test_schedules_and_compositions_on_four_processes_match_one(ranks4, case) -> None:
+    _check_parity(ranks4, case)
+    _check_holdings(ranks4, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES_2, ids=_ids(CASES_2))
+def test_two_stages_match_one(ranks2, case) -> None:
+    _check_parity(ranks2, case)
+    _check_holdings(ranks2, case)
+
+
+@pytest.mark.slow
+def test_dp_rank_under_pipelining(ranks8) -> None:
+    """Mesh (pp, dp, tp), tp innermost: ranks 0-3 are pp rank 0, and dp rank alternates every two ranks."""
+    got = [(r["llama 1f1b zero3 sp recompute"]["pp_rank"], r["llama 1f1b zero3 sp recompute"]["dp_rank"])
+           for r in ranks8]
+    assert got == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]

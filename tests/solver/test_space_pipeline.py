@@ -1,0 +1,46 @@
+"""Pipeline candidates are ones the runtime executes: the schedules' micro-batch rules, no ZeRO-1 under
+pipelining, no ZeRO-3 with zero bubble; and every pipelined plan the solver returns lowers."""
+from __future__ import annotations
+
+import pytest
+
+import meshplan as mp
+from meshplan import ir
+from meshplan.codegen import lower
+from meshplan.solver.space import RUNTIME, candidates, check_fixed
+
+DIMS = ir.ModelDims(family="llama", layers=8, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=512)
+
+
+def test_pipeline_candidates_follow_the_runtime() -> None:
+    found = [c for c in candidates(DIMS, world=8, gpus_per_node=8, global_batch=16, seq_len=16, fixed={})
+             if c.pp > 1]
+    assert {str(c.schedule) for c in found} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert not [c for c in found if c.zero == 1]
+    assert not [c for c in found if c.zero == 3 and c.schedule == ir.Schedule.ZERO_BUBBLE]
+    assert all(c.num_microbatches >= c.pp for c in found if c.schedule == ir.Schedule.ONE_F_ONE_B)
+    assert all(c.num_microbatches % max(1, c.num_microbatches // c.pp) == 0 for c in found
+               if c.schedule == ir.Schedule.ZERO_BUBBLE)
+    assert any(c.schedule == ir.Schedule.GPIPE and c.num_microbatches < c.pp for c in found)
+
+
+def test_runtime_executes_pipelines() -> None:
+    assert "pp" in RUNTIME
+
+
+@pytest.mark.parametrize("fixed, message", [
+    ({"pp": 2, "zero": 1}, "no ZeRO-1 under pipelining"),
+    ({"zero": 3, "schedule": "zero-bubble"}, "zero=3 with the zero-bubble schedule"),
+])
+def test_pins_the_runtime_cannot_pipeline_say_why(fixed, message) -> None:
+    with pytest.raises(ir.PlanError, match=message):
+        check_fixed(fixed)
+
+
+@pytest.mark.parametrize("schedule, zero", [("gpipe", 3), ("1f1b", 2), ("interleaved-1f1b", 0), ("zero-bubble", 2)])
+def test_pipelined_plans_lower(schedule: str, zero: int) -> None:
+    plan = mp.autoparallelize("gpt-tiny", "cpu:1x8", global_batch=16, seq_len=16,
+                              fixed={"pp": 2, "schedule": schedule, "zero": zero})
+    assert plan.mesh.pp == 2 and plan.schedule == schedule and plan.zero_stage == zero
+    program = lower(plan)
+    assert program.kinds()[:2] == ("BuildMesh", "SplitPipeline")
