@@ -28,9 +28,13 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)  # (b, s) -> (b, s, h)
         if self.pos is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
-            x = x + self.pos(positions)
+            x = x + self.pos(self.positions(tokens.shape[1], tokens.device))
         return x
+
+    def positions(self, s: int, device: torch.device) -> torch.Tensor:
+        """Positions of the ``s`` tokens in their sequences: 0..s-1. (Context parallelism holds part of
+        each sequence and gives that part's global positions instead: ``meshplan.runtime.context``.)"""
+        return torch.arange(s, device=device)
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float = 500000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,14 +74,22 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)  # (b, s, kv_heads, hd)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rope:
-            q = apply_rope(q, self.rope_cos[:s], self.rope_sin[:s])
-            k = apply_rope(k, self.rope_cos[:s], self.rope_sin[:s])
+            cos, sin = self.rope_rows(s)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.wo(self.attend(q, k, v).reshape(b, s, -1))
+
+    def rope_rows(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at the positions of the ``s`` tokens: rows 0..s-1, each (s, hd/2). (Context
+        parallelism gives the rows of its tokens' global positions: ``meshplan.runtime.context``.)"""
+        return self.rope_cos[:s], self.rope_sin[:s]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention: q (b, s, heads, hd), k and v (b, s, kv_heads, hd) -> (b, s, heads, hd)."""
         if self.kv_groups > 1:
             k = k.repeat_interleave(self.kv_groups, dim=2)
             v = v.repeat_interleave(self.kv_groups, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, hd)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
 class GeluMLP(nn.Module):

@@ -90,7 +90,7 @@ def _errors(world_size: int) -> dict[str, str]:
     except ir.InvalidPlanError as exc:
         messages["world"] = str(exc)
     try:
-        apply(make_plan("gpt-tiny", cp=world_size), zoo.build("gpt-tiny"))
+        apply(make_plan("moe-tiny", dp=2, cp=world_size // 2, ep=2), zoo.build("moe-tiny"))
     except ir.InvalidPlanError as exc:
         messages["unsupported"] = str(exc)
     try:

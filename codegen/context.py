@@ -1,0 +1,184 @@
+"""Lowering context parallelism (mesh.cp > 1), and how its steps and its script parts print.
+
+    BuildMesh                        ("dp", dp) [("dp_shard", 1)] ("cp", cp) [("tp", tp)]: ranks pp, dp, cp, tp
+    FlattenMesh(dp, cp -> dp_cp)     right after the mesh: the ranks that see different tokens
+    TensorParallel(...)              as without cp: tp splits the heads of each cp rank's tokens (with sp,
+                                     each cp rank's tokens are split further over tp: seq % (cp * tp) == 0)
+    ContextParallel(layers.i.attn)   after tensor parallelism, before recompute (which wraps attn)
+    ContextParallel(embed)           gpt only: its learned positions become the tokens' global ones
+    Recompute(...)                   as without cp
+    FullyShard | DataParallel | ShardOptimizer   over "dp_cp" instead of "dp"
+
+Each cp rank holds ``seq_len / cp`` tokens of every sequence and runs every layer on them; attention,
+the one place tokens meet, all-gathers K and V over cp (Llama 3, Dubey et al. 2024, sec. 3.3.2).
+With ``load_balance`` (when ``seq_len`` divides by ``2 cp``) rank ``r`` holds chunks ``r`` and
+``2cp - 1 - r`` of ``2cp``, so every rank does the same causal work; else chunk ``r`` of ``cp``.
+
+Gradients: every (dp, cp) rank computes the mean loss over its own tokens, and these are equal
+shares of the global batch, so data parallelism over the flattened dp x cp ranks (torchtitan's
+``dp_shard_cp``) averages gradients into exactly the one-process gradient (the arithmetic:
+``meshplan.runtime.context``). The runtime back end is ``meshplan.runtime.context``; PyTorch's own
+``context_parallel`` has no CPU attention (see there).
+
+Refused for now: cp with pipeline parallelism (the schedules feed whole sequences to the first
+stage and would need the sequence cut there too) and cp with expert parallelism (expert shards
+would need their gradients averaged over edp x cp, not edp).
+"""
+from __future__ import annotations
+
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+from ..ir import InvalidPlanError, Plan
+from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, Step
+
+DATA_AXIS = "dp_cp"  # the flattened dp x cp axis that data parallelism runs over under cp
+ATTENTION, EMBEDDING = "attn", "embed"  # the zoo's modules that see positions: layers.N.attn, embed
+
+
+def check_context_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
+    """Raise for context-parallel plans the runtime cannot execute, with the numbers."""
+    m = plan.mesh
+    if m.pp > 1:
+        raise InvalidPlanError(f"context parallelism (cp={m.cp}) with pipeline parallelism (pp={m.pp}) is not "
+                               "supported by the runtime yet (the pipeline schedules feed whole sequences to the "
+                               "first stage); plan with pp=1 or cp=1")
+    if m.ep > 1:
+        raise InvalidPlanError(f"context parallelism (cp={m.cp}) with expert parallelism (ep={m.ep}) is not "
+                               "supported by the runtime yet (expert shards would need their gradients averaged "
+                               "over edp x cp); plan with ep=1 or cp=1")
+    # seq_len % (cp [* tp with sp]) == 0 is checked by ir.Plan itself
+
+
+def load_balance(plan: Plan) -> bool:
+    """Chunks ``r`` and ``2cp - 1 - r`` when the sequence splits into ``2cp`` chunks (with sp, each rank's
+    two chunks are split further over tp, which ``seq_len % (cp * tp) == 0`` already allows)."""
+    return plan.seq_len % (2 * plan.mesh.cp) == 0
+
+
+def data_axis(plan: Plan) -> str:
+    """The mesh axis data parallelism runs over: dp, or the flattened dp x cp under context parallelism."""
+    return DATA_AXIS if plan.mesh.cp > 1 else "dp"
+
+
+def flatten_mesh(plan: Plan) -> list[Step]:
+    return [FlattenMesh(axes=("dp", "cp"), name=DATA_AXIS)] if plan.mesh.cp > 1 else []
+
+
+def context_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
+    """Each block's attention, then (gpt) the embedding's learned positions."""
+    cp, balance = plan.mesh.cp, load_balance(plan)
+    steps: list[Step] = [ContextParallel(module=f"layers.{i}.{ATTENTION}", cp_size=cp, load_balance=balance)
+                         for i in range(cfg["layers"])]
+    if cfg["family"] == "gpt":
+        steps.append(ContextParallel(module=EMBEDDING, cp_size=cp, load_balance=balance))
+    return steps
+
+
+def context_step(program: Program) -> ContextParallel | None:
+    return next((s for s in program.steps if isinstance(s, ContextParallel)), None)
+
+
+# ---- printing (codegen.emit.EMITTERS) ---------------------------------------------------------
+
+def flatten_mesh_lines(step: FlattenMesh, target: str) -> tuple[str, list[str]]:
+    axes = ", ".join(f'"{a}"' for a in step.axes)
+    return "mesh", [f'mesh[{axes}]._flatten("{step.name}")  # then mesh["{step.name}"] names those ranks']
+
+
+def context_parallel_lines(step: ContextParallel, target: str) -> tuple[str, list[str]]:
+    return "parallelize", [f'context_parallel({target}, mesh["{step.mesh_axis}"], load_balance={step.load_balance})']
+
+
+def comment(step: Step) -> str | None:
+    """The comment above a context-parallel step (lines joined by newlines), or None for other steps."""
+    if isinstance(step, FlattenMesh):
+        return ("# every (dp, cp) rank sees other tokens, so data parallelism runs over dp x cp, flattened into one "
+                "axis\n# (torchtitan's dp_shard_cp; DeviceMesh._flatten is how torchtitan builds it)")
+    if isinstance(step, ContextParallel) and step.module.endswith(ATTENTION):
+        layout = ("chunks cp_rank and 2 * cp - 1 - cp_rank of 2 * cp (equal causal work per rank)"
+                  if step.load_balance else "chunk cp_rank of cp")
+        return (f"# context parallelism over cp({step.cp_size}): of every sequence each rank holds\n# {layout};\n"
+                "# attention all-gathers K and V over cp (Llama 3, sec. 3.3.2) and masks by global position.\n"
+                "# (torch's context_parallel dispatches only CUDA attention kernels: meshplan.runtime.context has "
+                "this one)")
+    if isinstance(step, ContextParallel):
+        return "# the learned positions of this rank's tokens are their global positions"
+    return _data_parallel_comment(step)
+
+
+def _data_parallel_comment(step: Step) -> str | None:
+    """Data parallelism over dp x cp says so (emit's own comments say "over dp")."""
+    if isinstance(step, DataParallel) and step.mesh_axis == DATA_AXIS:
+        return "# plain data parallelism over dp x cp: replicated parameters, gradients all-reduced"
+    if not isinstance(step, FullyShard) or DATA_AXIS not in step.mesh_axes or step.module == "":
+        return None
+    if len(step.mesh_axes) == 2:
+        return ("# plain data parallelism over dp x cp, as HSDP with a shard group of 1: replicated parameters, "
+                "all-reduced gradients")
+    if step.reshard_after_forward:
+        return ("# ZeRO-3 (FSDP): shard parameters, gradients and optimizer state over dp x cp; gather each "
+                "block's\n# parameters for its forward and again for its backward")
+    return "# ZeRO-2: shard gradients and optimizer state over dp x cp; keep each block's gathered parameters"
+
+
+def imports(program: Program) -> list[str]:
+    if context_step(program) is None:
+        return []
+    return ["from meshplan.runtime.context import context_parallel, sequence_share"]
+
+
+# ---- the script parts that differ from codegen.script --------------------------------------------
+
+CONSTANTS = """CP_SIZE = {cp_size}  # context-parallel ranks; each holds SEQ_LEN // CP_SIZE tokens of every sequence
+LOAD_BALANCE = {load_balance}  # {layout}
+"""
+
+DATA = '''
+
+def synthetic_batch(step: int, seed: int, dp_rank: int, cp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of step ``step``'s global batch of random tokens (the same stream on every rank):
+    its dp rank's sequences, and of each its cp rank's tokens (the targets cut the same way)."""
+    generator = torch.Generator().manual_seed(seed + step)
+    tokens = torch.randint(MODEL_CONFIG["vocab"], (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator)
+    local = GLOBAL_BATCH // DP_SIZE
+    tokens = tokens[dp_rank * local:(dp_rank + 1) * local]  # (local, s + 1)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # predict the next token
+    # this cp rank's tokens of each sequence, the targets cut the same way: (local, s // CP_SIZE) each
+    return (sequence_share(inputs, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE),
+            sequence_share(targets, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE))
+'''
+
+# (old, new) replacements in codegen.script.LOOP; each must be there (checked), so that a change to the
+# plain loop shows up here as an error rather than as a silently different cp loop
+LOOP_CHANGES = (
+    ('    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()\n',
+     '    dp_rank, cp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("cp")\n'
+     f'    data_group = mesh["{DATA_AXIS}"].get_group()  # the dp x cp ranks: each sees other tokens\n'),
+    ("synthetic_batch(step, args.seed, dp_rank)", "synthetic_batch(step, args.seed, dp_rank, cp_rank)"),
+    ("dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks",
+     "dist.all_reduce(loss_sum, group=data_group)  # the global mean loss: average over the dp x cp ranks"),
+    ("loss = loss_sum.item() / DP_SIZE", "loss = loss_sum.item() / (DP_SIZE * CP_SIZE)"),
+)
+
+
+def script_parts(program: Program, parts: SimpleNamespace | ModuleType) -> SimpleNamespace:
+    """``parts`` (``codegen.script``'s templates) with this rank's tokens taken and the loss averaged
+    over dp x cp; ``parts`` unchanged without context parallelism."""
+    step = context_step(program)
+    if step is None:
+        return parts
+    out = SimpleNamespace(**{name: getattr(parts, name) for name in dir(parts) if name.isupper()})
+    layout = ("chunks cp_rank and 2 * CP_SIZE - 1 - cp_rank of 2 * CP_SIZE: equal causal work per rank"
+              if step.load_balance else "chunk cp_rank of CP_SIZE")
+    out.CONSTANTS = parts.CONSTANTS + CONSTANTS.format(cp_size=step.cp_size, load_balance=step.load_balance,
+                                                       layout=layout)
+    out.DATA = DATA
+    loop = parts.LOOP
+    for old, new in LOOP_CHANGES:
+        if old not in loop:
+            raise AssertionError(f"codegen.context: the training loop no longer has {old.strip()!r}; "
+                                 "update LOOP_CHANGES to the new loop")
+        loop = loop.replace(old, new)
+    out.LOOP = loop
+    return out
