@@ -130,6 +130,7 @@ LOOP = '''
         timed = times[1:] or times  # the first step pays for lazy initialization
         print(f"median step time {{statistics.median(timed):.4f}} s over {{len(timed)}} steps after warm-up",
               flush=True)
+    dist.barrier()  # every rank finishes before any tears its connections down
     dist.destroy_process_group()
 
 

@@ -32,3 +32,13 @@ def init_distributed() -> bool:
         torch.set_num_threads(1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return True
+
+
+def close_distributed(created: bool, *, ok: bool) -> None:
+    """Destroy the group this process created. On success all ranks meet first, so no rank tears its
+    gloo pairs down while a peer still talks to it (seen as a SIGABRT at exit under load)."""
+    if not created or not dist.is_initialized():
+        return
+    if ok:
+        dist.barrier()
+    dist.destroy_process_group()

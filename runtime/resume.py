@@ -29,7 +29,7 @@ from torch import nn
 
 from ..ir import Plan
 from .checkpoint import is_complete
-from .distributed import init_distributed
+from .distributed import close_distributed, init_distributed
 from .planned import OptimizerFactory, PlannedModule, apply
 from .train import synthetic_batch
 
@@ -102,10 +102,11 @@ def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *
             params = pm.full_parameters()  # a collective: every rank takes part
             if dist.get_rank() == 0:
                 torch.save(params, save_final)
-        return losses
-    finally:
-        if created:
-            dist.destroy_process_group()
+    except BaseException:
+        close_distributed(created, ok=False)
+        raise
+    close_distributed(created, ok=True)
+    return losses
 
 
 def _resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ir import Plan
-from .distributed import init_distributed
+from .distributed import close_distributed, init_distributed
 from .planned import OptimizerFactory, apply
 
 ModelBuilder = Callable[[dict[str, Any]], nn.Module]
@@ -55,10 +55,11 @@ def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
             timed = times[1:] or times  # the first step pays for lazy initialization
             print(f"median step time {statistics.median(timed):.4f} s over {len(timed)} steps after warm-up",
                   flush=True)
-        return losses
-    finally:
-        if created:
-            dist.destroy_process_group()
+    except BaseException:
+        close_distributed(created, ok=False)
+        raise
+    close_distributed(created, ok=True)
+    return losses
 
 
 def load_builder(spec: str) -> ModelBuilder:

@@ -94,6 +94,7 @@ def _rank_main(rank: int, world_size: int, port: int, entry: str, payload: Any, 
         module, _, name = entry.partition(":")
         sys.path.insert(0, str(Path(__file__).parent))
         getattr(__import__(module), name)(rank, world_size, payload, Path(outdir))
+        dist.barrier()  # no rank tears its gloo pairs down while a peer still talks to it
         dist.destroy_process_group()
     except BaseException:
         Path(outdir, f"rank{rank}.err").write_text(f"--- rank {rank} ---\n{traceback.format_exc()}")
