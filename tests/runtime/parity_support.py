@@ -40,13 +40,26 @@ def optimizer(params):
     return torch.optim.AdamW(params, lr=1e-3, eps=1e-4)
 
 
-def reference(model: str, steps: int = STEPS, seed: int = SEED) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """One process, the whole global batch at once: losses per step and the final parameters."""
+def reference(model: str | dict, steps: int = STEPS, seed: int = SEED) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch at once: losses per step and the final parameters of a zoo
+    model given by name or config. Cached: every parity file compares against the same runs."""
+    key = (model if isinstance(model, str) else tuple(sorted(model.items())), steps, seed)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference(model, steps, seed)
+    return _REFERENCES[key]
+
+
+_REFERENCES: dict[tuple, tuple[list[float], dict[str, torch.Tensor]]] = {}
+
+
+def _reference(model: str | dict, steps: int, seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     from meshplan import zoo
     from meshplan.runtime.train import synthetic_batch
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls; more threads only spin on a shared 2-core machine
     torch.manual_seed(seed)
-    net = zoo.build(model)
+    net = zoo.build(model) if isinstance(model, str) else zoo.build_from_config(model)
     opt = optimizer(net.parameters())
     losses = []
     for step in range(1, steps + 1):
@@ -56,7 +69,29 @@ def reference(model: str, steps: int = STEPS, seed: int = SEED) -> tuple[list[fl
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    torch.set_num_threads(threads)
     return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def launch(tmp_path_factory, world_size: int, entry: str, payload: Any) -> list[dict]:
+    """Run ``entry`` on ``world_size`` ranks; each rank's results (rank{r}.pt)."""
+    tmp = tmp_path_factory.mktemp(f"{entry.partition(':')[0]}{world_size}")
+    run_ranks(world_size, entry, payload, tmp)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def assert_matches_reference(ranks: list[dict], name: str, model: str | dict) -> None:
+    """Case ``name``: the same global mean loss on every rank, and losses and final (full) parameters
+    equal to one process within 1e-5."""
+    ref_losses, ref_params = reference(model)
+    got = [r[name] for r in ranks]
+    for rank, result in enumerate(got):
+        assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
+    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
+    params = got[0]["params"]
+    assert sorted(params) == sorted(ref_params)  # the whole model's names: checkpoints stay plan-independent
+    for pname, ref in ref_params.items():
+        torch.testing.assert_close(params[pname], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
 
 
 def free_port() -> int:

@@ -4,10 +4,9 @@ parameters, fp32, 1e-5). One zoo attention module is checked alone first, in the
 from __future__ import annotations
 
 import pytest
-import torch
 
 from meshplan import zoo
-from parity_support import GLOBAL_BATCH, SEQ_LEN, reference, run_ranks
+from parity_support import GLOBAL_BATCH, SEQ_LEN, assert_matches_reference, launch
 
 FULL, SEL = ("full",) * 4, ("selective",) * 4
 
@@ -35,9 +34,7 @@ CASES_2 = [
 
 
 def _launch(tmp_path_factory, world_size: int, payload: dict) -> list[dict]:
-    tmp = tmp_path_factory.mktemp(f"context{world_size}")
-    run_ranks(world_size, "context_cases:run_cases", payload, tmp)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return launch(tmp_path_factory, world_size, "context_cases:run_cases", payload)
 
 
 @pytest.fixture(scope="module")
@@ -50,21 +47,8 @@ def ranks2(tmp_path_factory) -> list[dict]:
     return _launch(tmp_path_factory, 2, {"cases": CASES_2, "alone": True})
 
 
-_REFERENCES: dict[str, tuple] = {}
-
-
 def _check(ranks: list[dict], case: dict) -> None:
-    if case["model"] not in _REFERENCES:
-        _REFERENCES[case["model"]] = reference(case["model"])
-    ref_losses, ref_params = _REFERENCES[case["model"]]
-    got = [r[case["name"]] for r in ranks]
-    for rank, result in enumerate(got):  # the global mean loss, identical on every rank
-        assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)
-    for name, ref in ref_params.items():
-        torch.testing.assert_close(params[name], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert_matches_reference(ranks, case["name"], case.get("model", "moe-tiny"))
 
 
 @pytest.mark.slow

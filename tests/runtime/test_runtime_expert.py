@@ -4,9 +4,8 @@ expert stacks gathered whole, fp32, 1e-5). The dispatch alone is checked first, 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from parity_support import reference, run_ranks
+from parity_support import assert_matches_reference, launch
 
 FULL = ("full", "none", "full", "none")
 SEL = ("selective",) * 4
@@ -28,9 +27,7 @@ CASES_2 = [
 
 
 def _launch(tmp_path_factory, world_size: int, payload: dict) -> list[dict]:
-    tmp = tmp_path_factory.mktemp(f"expert{world_size}")
-    run_ranks(world_size, "expert_cases:run_cases", payload, tmp)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return launch(tmp_path_factory, world_size, "expert_cases:run_cases", payload)
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +40,8 @@ def ranks2(tmp_path_factory) -> list[dict]:
     return _launch(tmp_path_factory, 2, {"cases": CASES_2})
 
 
-_REFERENCE: list = []
-
-
 def _check(ranks: list[dict], case: dict) -> None:
-    if not _REFERENCE:
-        _REFERENCE.append(reference("moe-tiny"))
-    ref_losses, ref_params = _REFERENCE[0]
-    got = [r[case["name"]] for r in ranks]
-    for rank, result in enumerate(got):
-        assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)
-    for name, ref in ref_params.items():
-        torch.testing.assert_close(params[name], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert_matches_reference(ranks, case["name"], case["model"])
 
 
 def _expert_share(case: dict) -> float:

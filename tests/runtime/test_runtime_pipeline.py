@@ -6,11 +6,8 @@ One launch per world size runs every case in the same processes (a gloo start co
 from __future__ import annotations
 
 import pytest
-import torch
 
-from meshplan import zoo
-from meshplan.runtime.train import synthetic_batch
-from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer, run_ranks
+from parity_support import assert_matches_reference, launch
 from pipeline_cases import pipeline_plan
 
 FULL, SEL = ("full",) * 4, ("selective",) * 4
@@ -49,9 +46,7 @@ CASES_2 = [
 
 
 def _launch(tmp_path_factory, world_size: int, cases: list[dict]) -> list[dict]:
-    tmp = tmp_path_factory.mktemp(f"pipeline{world_size}")
-    run_ranks(world_size, "pipeline_cases:run_cases", {"cases": cases}, tmp)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return launch(tmp_path_factory, world_size, "pipeline_cases:run_cases", {"cases": cases})
 
 
 @pytest.fixture(scope="module")
@@ -69,40 +64,8 @@ def ranks2(tmp_path_factory) -> list[dict]:
     return _launch(tmp_path_factory, 2, CASES_2)
 
 
-_REFERENCES: dict[tuple, tuple] = {}
-
-
-def _reference(cfg: dict) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """One process, the whole global batch at once (as parity_support.reference, for any config)."""
-    key = tuple(sorted(cfg.items()))
-    if key not in _REFERENCES:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny matmuls; more threads only spin on a shared 2-core machine
-        torch.manual_seed(SEED)
-        net = zoo.build_from_config(cfg)
-        opt, losses = optimizer(net.parameters()), []
-        for step in range(1, STEPS + 1):
-            x, y = synthetic_batch(net.config.vocab, GLOBAL_BATCH, SEQ_LEN, SEED, step)
-            loss = zoo.loss_fn(net(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        _REFERENCES[key] = losses, {n: p.detach().clone() for n, p in net.named_parameters()}
-        torch.set_num_threads(threads)
-    return _REFERENCES[key]
-
-
 def _check_parity(ranks: list[dict], case: dict) -> None:
-    ref_losses, ref_params = _reference(pipeline_plan(case["model"], **case["plan"]).model)
-    got = [r[case["name"]] for r in ranks]
-    for rank, result in enumerate(got):  # the global mean loss, identical on every rank
-        assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)  # the whole model's names: checkpoints stay plan-independent
-    for name, ref in ref_params.items():
-        torch.testing.assert_close(params[name], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert_matches_reference(ranks, case["name"], pipeline_plan(case["model"], **case["plan"]).model)
 
 
 SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
