@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +29,7 @@ from ..ir import Plan
 from .checkpoint import is_complete
 from .distributed import close_distributed, init_distributed
 from .planned import OptimizerFactory, PlannedModule, apply
-from .train import synthetic_batch
+from .train import train_steps
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 KEEP_LAST = 2  # checkpoints kept: the newest, and one more in case the newest is unreadable
@@ -121,20 +119,8 @@ def _resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
 
 def _train(pm: PlannedModule, plan: Plan, steps: range, seed: int, checkpoint_dir: str | os.PathLike | None,
            checkpoint_every: int) -> list[float]:
-    losses, times = [], []
-    rank0 = dist.get_rank() == 0
-    for step in steps:
-        maybe_fail(step)
-        start = time.perf_counter()
-        inputs, targets = synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, seed, step)
-        losses.append(pm.step(inputs, targets))
-        times.append(time.perf_counter() - start)
-        if rank0:
-            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+    def after(step: int) -> None:
         if checkpoint_every and step % checkpoint_every == 0:
             save_step(pm, checkpoint_dir, step)
-    if rank0 and times:
-        timed = times[1:] or times  # the first step pays for lazy initialization
-        print(f"median step time {statistics.median(timed):.4f} s over {len(timed)} steps after warm-up",
-              flush=True)
-    return losses
+
+    return train_steps(pm, plan, steps, seed, before=maybe_fail, after=after)

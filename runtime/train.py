@@ -21,7 +21,7 @@ from torch import nn
 
 from ..ir import Plan
 from .distributed import close_distributed, init_distributed
-from .planned import OptimizerFactory, apply
+from .planned import OptimizerFactory, PlannedModule, apply
 
 ModelBuilder = Callable[[dict[str, Any]], nn.Module]
 DEFAULT_BUILDER = "meshplan.zoo:build_from_config"
@@ -41,24 +41,36 @@ def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
     ``step N loss X`` and the median step time after the first step. Returns the losses (every rank)."""
     created = init_distributed()
     try:
-        pm = apply(plan, model, optimizer=optimizer)
-        losses, times = [], []
-        rank0 = dist.get_rank() == 0
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            inputs, targets = synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, seed, step)
-            losses.append(pm.step(inputs, targets))
-            times.append(time.perf_counter() - start)
-            if rank0:
-                print(f"step {step} loss {losses[-1]:.6f}", flush=True)
-        if rank0 and times:
-            timed = times[1:] or times  # the first step pays for lazy initialization
-            print(f"median step time {statistics.median(timed):.4f} s over {len(timed)} steps after warm-up",
-                  flush=True)
+        losses = train_steps(apply(plan, model, optimizer=optimizer), plan, range(1, steps + 1), seed)
     except BaseException:
         close_distributed(created, ok=False)
         raise
     close_distributed(created, ok=True)
+    return losses
+
+
+def train_steps(pm: PlannedModule, plan: Plan, steps: range, seed: int, *,
+                before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None
+                ) -> list[float]:
+    """Train ``steps`` on the synthetic stream; rank 0 prints each loss and the median step time after
+    the first. ``before(step)`` and ``after(step)`` run around each step (fault injection, checkpoints)."""
+    losses, times = [], []
+    rank0 = dist.get_rank() == 0
+    for step in steps:
+        if before is not None:
+            before(step)
+        start = time.perf_counter()
+        inputs, targets = synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, seed, step)
+        losses.append(pm.step(inputs, targets))
+        times.append(time.perf_counter() - start)
+        if rank0:
+            print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+        if after is not None:
+            after(step)
+    if rank0 and times:
+        timed = times[1:] or times  # the first step pays for lazy initialization
+        print(f"median step time {statistics.median(timed):.4f} s over {len(timed)} steps after warm-up",
+              flush=True)
     return losses
 
 

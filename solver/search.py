@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
-from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo
+from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo
 from . import ilp
 from .infeasible import infeasible
 from .layouts import param_layouts
