@@ -65,3 +65,18 @@ def test_report_and_explain_are_strings_with_the_numbers() -> None:
     assert "memory per GPU" in text and "binding constraint" in text and "MFU" in text
     assert len(found) >= 2
     assert "#2:" in found[0].explain() and "slower" in found[0].explain()
+
+
+def test_moe_model_gets_expert_parallelism() -> None:
+    plan = mp.autoparallelize("mixtral-8x7b", "h100-sxm:2x8", global_batch=64, seq_len=4096)
+    assert plan.mesh.ep > 1, plan.report()
+    assert 8 % plan.mesh.ep == 0 and (plan.mesh.dp * plan.mesh.cp) % plan.mesh.ep == 0
+
+
+def test_long_sequence_gets_context_parallelism() -> None:
+    # 8 sequences of 128k tokens on 64 GPUs: dp can use at most 8 of them, and one 128k sequence of
+    # activations does not fit a GPU without splitting it
+    plan = mp.autoparallelize("llama3-8b", "h100-sxm:8x8", global_batch=8, seq_len=131072)
+    assert plan.mesh.cp > 1, plan.report()
+    assert plan.prediction.peak_memory_bytes <= plan.prediction.memory_limit_bytes
+
