@@ -2,13 +2,14 @@
 returns a ``Plan`` that can be reported, saved, emitted as a program, or applied to a model."""
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from . import ir, solver, zoo
+from .codegen.fusion import find_fusions, fusion_names
 from .cost_model import Cluster, parse_cluster
 from .frontend import trace
 
@@ -25,20 +26,26 @@ class Plan(ir.Plan):
         return ir.report.explain(self)
 
     def emit(self, path: str | Path, *, fuse: bool = False) -> Path:
-        """Write a readable torchrun training script for this plan."""
-        from .codegen import emit_source
+        """Write a readable torchrun training script for this plan. With ``fuse`` the fusions the plan
+        records run as generated Triton kernels, written beside the script as ``<stem>_kernels.py``."""
+        from .codegen import emit_source, lower
+        from .codegen.fused import kernels_source
 
-        if fuse:
-            raise ir.PlanError("kernel fusion is not available yet; emit with fuse=False")
         path = Path(path)
-        path.write_text(emit_source(self))
+        kernels_module = f"{path.stem}_kernels"
+        if fuse:
+            source = kernels_source(lower(self, fuse=True))
+            if source is not None:
+                path.with_name(f"{kernels_module}.py").write_text(source)
+        path.write_text(emit_source(self, fuse=fuse, kernels_module=kernels_module))
         return path
 
-    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None) -> Any:
-        """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``."""
+    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool = False) -> Any:
+        """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``.
+        ``fuse``: run the plan's fusions as generated Triton kernels."""
         from .runtime import apply
 
-        return apply(self, model, optimizer=optimizer)
+        return apply(self, model, optimizer=optimizer, fuse=fuse)
 
 
 def as_api_plan(plan: ir.Plan) -> Plan:
@@ -81,7 +88,8 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
                          dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top)
-    return tuple(as_api_plan(p) for p in solver.solve(req, progress=progress))
+    fusions = fusion_names(find_fusions(graph))  # the chains whose fused kernel moves fewer bytes
+    return tuple(as_api_plan(replace(p, fusions=fusions)) for p in solver.solve(req, progress=progress))
 
 
 def autoparallelize(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,

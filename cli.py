@@ -81,6 +81,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
     plan = load(args.plan)
     path = plan.emit(args.output, fuse=args.fuse)
     print(f"wrote {path}: run it with  torchrun --nproc-per-node {plan.world_size} {path} --steps 5")
+    kernels = path.with_name(f"{path.stem}_kernels.py")
+    if args.fuse and kernels.exists():
+        print(f"wrote {kernels}: its fused Triton kernels (without a GPU, run with TRITON_INTERPRET=1)")
     return 0
 
 

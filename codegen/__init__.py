@@ -7,11 +7,11 @@ from .emit import EMITTERS, emit_source
 from .lower import lower
 from .program import (SELECTIVE_SAVE_OPS, STEP_KINDS, BuildMesh, DataParallel, FullyShard, Policy, Program,
                       Recompute, ShardOptimizer, SplitPipeline, Step, StyleKind, TensorParallel, TPStyle)
-from .program import EXPERT_AXES, ExpertMesh, ExpertParallel
+from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FuseKernel
 from .program import ContextParallel, FlattenMesh
 from .tp_plans import torch_call
 
 __all__ = ["EMITTERS", "SELECTIVE_SAVE_OPS", "STEP_KINDS", "BuildMesh", "DataParallel", "FullyShard", "Policy",
            "Program", "Recompute", "ShardOptimizer", "SplitPipeline", "Step", "StyleKind", "TPStyle", "TensorParallel", "emit_source",
            "lower", "torch_call", "EXPERT_AXES", "ExpertMesh", "ExpertParallel",
-           "ContextParallel", "FlattenMesh"]
+           "ContextParallel", "FlattenMesh", "FuseKernel"]

@@ -5,6 +5,7 @@ from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
                       ShardOptimizer, TensorParallel)
+from . import fused
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
@@ -12,12 +13,14 @@ from .tp_plans import torch_call
 INDENT = "    "
 
 
-def imports(program: Program) -> list[str]:
+def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str]:
     """The import lines the program's steps need, stdlib first, then torch, then meshplan."""
     kinds = {type(s) for s in program.steps}
     stdlib = ["argparse", "os", "statistics", "time"]
     if DataParallel in kinds and _accumulates_locally(program):
         stdlib.append("contextlib")
+    if fused.kernels_used(program):
+        stdlib.append("sys")
     lines = [f"import {m}" for m in sorted(stdlib)] + ["", "import torch", "import torch.distributed as dist"]
     if any(isinstance(s, Recompute) for s in program.steps):
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, "
@@ -38,6 +41,7 @@ def imports(program: Program) -> list[str]:
     if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
         lines.append("from meshplan.runtime.expert import shard_experts")
     lines += context_imports(program)  # all-gather attention: torch's context_parallel has no CPU kernel rule
+    lines += fused.imports(program, kernels_module)  # generated kernels (FuseKernel steps)
     return lines
 
 
@@ -104,17 +108,19 @@ def _parallelize_function(lines: list[str]) -> str:
             'parallelism."""\n' + "\n".join(body) + f"\n{INDENT}return model\n")
 
 
-def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType) -> str:
+def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType, *,
+             kernels_module: str = "fused_kernels") -> str:
     """The whole script; ``parts`` is the ``codegen.script`` module of text templates."""
     header = parts.HEADER.format(name=name, summary=program.plan_summary, world_size=program.mesh.world_size,
                                  header="\n".join(program.header))
     config = config_code(program.config)
-    text = [header, "\n".join(imports(program)), parts.CONSTANTS.format(
+    text = [header, "\n".join(imports(program, kernels_module)), parts.CONSTANTS.format(
         config=config, global_batch=program.global_batch, seq_len=program.seq_len, dp_size=program.dp_size,
         num_microbatches=program.num_microbatches, micro_batch_size=program.micro_batch_size)]
     save_ops = {op for s in program.steps if isinstance(s, Recompute) for op in s.save_ops}
     if save_ops:
         text.append(parts.SELECTIVE.format(ops="\n".join(f"{INDENT}torch.ops.{op}," for op in sorted(save_ops))))
+    text += fused.definitions(program)  # the fused subclasses FuseKernel steps swap in
     text += [_parallelize_function(sections["parallelize"]), parts.DATA, parts.MAIN_START]
     main = [INDENT + line for line in sections["mesh"]] + [parts.MAIN_MODEL.rstrip("\n").lstrip("\n")]
     optimizer = sections["optimizer"] or ["optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)"]

@@ -16,11 +16,11 @@ import re
 from typing import Callable
 
 from ..ir import Plan
-from . import context, expert, pipeline_emit, script
+from . import context, expert, fused, hybrid, pipeline_emit, script
 from .assemble import assemble
 from .lower import lower
 from .program import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
-                      Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
+                      FuseKernel, Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from .tp_plans import torch_call
 
 INDENT = "    "
@@ -101,12 +101,13 @@ EMITTERS: dict[type, Callable[..., tuple[str, list[str]]]] = {
     ExpertMesh: expert.expert_mesh_lines, ExpertParallel: expert.expert_parallel_lines,
     SplitPipeline: pipeline_emit.split_pipeline_lines,
     FlattenMesh: context.flatten_mesh_lines, ContextParallel: context.context_parallel_lines,
+    FuseKernel: fused.fuse_kernel_lines,
 }
 
 
 def _comment(step: Step) -> str:
     """Why the group of steps is there, as the comment above it."""
-    expert_comment = expert.comment(step) or context.comment(step)
+    expert_comment = expert.comment(step) or context.comment(step) or fused.comment(step)
     if expert_comment is not None:
         return expert_comment
     if isinstance(step, TensorParallel):
@@ -185,13 +186,17 @@ def render_sections(program: Program) -> dict[str, list[str]]:
     return sections
 
 
-def emit_source(plan: Plan | Program, *, name: str | None = None) -> str:
-    """A torchrun training script for ``plan`` (or an already lowered Program)."""
-    program = plan if isinstance(plan, Program) else lower(plan)
+def emit_source(plan: Plan | Program, *, name: str | None = None, fuse: bool = False,
+                kernels_module: str = "fused_kernels") -> str:
+    """A torchrun training script for ``plan`` (or an already lowered Program). With ``fuse`` (or a
+    Program with FuseKernel steps) the script imports ``kernels_module`` from its own folder: write
+    ``fused.kernels_source(program)`` there as ``<kernels_module>.py`` (``Plan.emit`` does)."""
+    program = plan if isinstance(plan, Program) else lower(plan, fuse=fuse)
     if name is None:
         config = program.config
         name = config.get("name") or f"a {config.get('family')} model"
     sections = render_sections(program)
     parts = pipeline_emit.script_parts(program, sections["pipeline"]) if sections["pipeline"] else script
     parts = context.script_parts(program, parts)  # this rank's tokens, under context parallelism
-    return assemble(program, sections, name, parts)
+    parts = hybrid.script_parts(program, parts)  # the data rank over dp x dp_shard, under HSDP
+    return assemble(program, sections, name, parts, kernels_module=kernels_module)

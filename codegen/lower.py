@@ -2,6 +2,7 @@
 
     BuildMesh                     [("pp", pp)] ("dp", dp) [("dp_shard", 1)] [("cp", cp)] ("tp", tp)
     FlattenMesh                   dp x cp as one axis "dp_cp", when cp > 1 (codegen.context)
+    FuseKernel(layers.i.mlp)      generated fused kernels, with lower(plan, fuse=True) (codegen.fused)
     SplitPipeline                 pipeline stages first, when pp > 1 (codegen.pipeline_lower)
     TensorParallel(root)          embedding, final norm, output head
     TensorParallel(layers.i)      attention and MLP of each block
@@ -26,19 +27,24 @@ from typing import Any
 
 from ..ir import InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
-from . import context, expert, pipeline_lower, tp_plans
+from . import context, expert, fused, hybrid, pipeline_lower, tp_plans
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
                       TensorParallel)
 
 FAMILIES = ("gpt", "llama", "moe")
 
 
-def lower(plan: Plan) -> Program:
-    """The ordered steps for ``plan``; raises ``InvalidPlanError`` for what the runtime cannot do yet."""
+def lower(plan: Plan, *, fuse: bool = False) -> Program:
+    """The ordered steps for ``plan``; raises ``InvalidPlanError`` for what the runtime cannot do yet.
+
+    ``fuse``: also run the fusions ``plan.fusions`` records as generated kernels (``FuseKernel``
+    steps, first: they swap a module's forward, which later steps wrap or shard unchanged)."""
     cfg = _model_dims(plan)
     check_supported(plan, cfg)
     dp, tp = plan.mesh.dp, plan.mesh.tp
-    steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan)), *context.flatten_mesh(plan)]
+    steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan)), *context.flatten_mesh(plan), *hybrid.flatten_steps(plan)]
+    if fuse:
+        steps += fused.fuse_steps(plan, cfg["layers"])
     if tp > 1:
         steps += _tensor_parallel(cfg, plan.sequence_parallel)
     if plan.mesh.cp > 1:
@@ -52,7 +58,7 @@ def lower(plan: Plan) -> Program:
     return Program(
         plan_summary=plan.summary(), header=_header(plan), model_config=tuple(plan.model.items()),
         global_batch=plan.global_batch, seq_len=plan.seq_len, micro_batch_size=plan.micro_batch_size,
-        num_microbatches=plan.num_microbatches, dp_size=dp,
+        num_microbatches=plan.num_microbatches, dp_size=dp, dp_axis=hybrid.data_axis(plan, "dp"),
         # ZeRO-2/3 reduce-scatter after every micro-batch so that no full gradient is ever held;
         # plain DP accumulates locally and all-reduces once per step.
         sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps))
@@ -74,6 +80,7 @@ def _model_dims(plan: Plan) -> dict[str, Any]:
 def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for the parts of a plan the runtime does not execute yet, saying which and why."""
     m = plan.mesh
+    hybrid.check_hybrid(plan)
     if m.cp > 1:
         context.check_context_parallel(plan, cfg)
     if m.ep > 1:
@@ -103,6 +110,7 @@ def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
     cannot do over DTensor parameters.
     """
     dims = ([("pp", plan.mesh.pp)] if plan.mesh.pp > 1 else []) + [("dp", plan.mesh.dp)]
+    dims = hybrid.split_dp(plan, dims)  # HSDP: ("dp", dp // zero_group), ("dp_shard", zero_group)
     hsdp = pipeline_lower.hsdp_for_plain_dp(plan) or expert.hsdp_for_plain_dp(plan)
     if hsdp and plan.mesh.dp > 1 and plan.mesh.tp == 1:
         dims.append(("dp_shard", 1))
@@ -142,7 +150,7 @@ def _data_parallel(plan: Plan, layers: int) -> list[Step]:
         return []  # nothing to replicate or shard over
     if plan.mesh.tp == 1 and plan.mesh.ep == 1 and zero <= 1:
         return [DataParallel(module="", mesh_axis=axis)] + ([ShardOptimizer(mesh_axis=axis)] if zero == 1 else [])
-    axes = (axis, "dp_shard") if zero == 0 else (axis,)
+    axes = (axis, "dp_shard") if zero == 0 or plan.zero_group else (axis,)  # HSDP: replicate x shard
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
     # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
     # head and the embedding are needed again as soon as backward starts.

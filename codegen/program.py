@@ -264,10 +264,21 @@ class ContextParallel:
             raise InvalidPlanError(f"ContextParallel({self.module}): cp_size({self.cp_size}) must be at least 2")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FuseKernel:
+    """Run ``module``'s forward through a generated fused kernel (``codegen.kernels``): its class is
+    swapped for a subclass whose forward calls ``kernels.<kernel>`` on the same parameters, so the
+    state dict, tensor parallelism and FSDP see the module unchanged. ``kernel`` is a pattern name of
+    ``codegen.kernels.PATTERNS`` that ``codegen.fused.FUSED_MODULES`` knows how to apply."""
+
+    module: str
+    kernel: str
+
+
 Step = (BuildMesh | SplitPipeline | TensorParallel | ExpertMesh | ExpertParallel | Recompute | FullyShard
-        | DataParallel | ShardOptimizer | FlattenMesh | ContextParallel)
+        | DataParallel | ShardOptimizer | FlattenMesh | ContextParallel | FuseKernel)
 STEP_KINDS: tuple[type, ...] = (BuildMesh, SplitPipeline, TensorParallel, ExpertMesh, ExpertParallel, Recompute,
-                                FullyShard, DataParallel, ShardOptimizer, FlattenMesh, ContextParallel)
+                                FullyShard, DataParallel, ShardOptimizer, FlattenMesh, ContextParallel, FuseKernel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

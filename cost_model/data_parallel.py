@@ -124,14 +124,22 @@ def _calls(how: str, nbytes: float, params: RankParams, group_size: int) -> int:
 
 def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int, dtype: str,
                        microbatches: int, fwd_window_s: float, bwd_window_s: float, software: Software = DEFAULT,
-                       recomputed_share: float = 0.0) -> DataParallelCost:
+                       recomputed_share: float = 0.0, zero_group: int = 0) -> DataParallelCost:
     """Exposed seconds and bus bytes of the DP/ZeRO traffic of one GPU. ``recomputed_share`` is the
     share of its parameters in fully recomputed layers (gathered again under
-    ``software.zero3_regather_recompute``)."""
+    ``software.zero3_regather_recompute``). ``zero_group`` (HSDP, ZeRO-2/3): the dense parameters'
+    gathers and reduce-scatters run inside groups of ``zero_group * cp`` ranks at stride tp, and each
+    rank's gradient shard is then all-reduced over the ``dp // zero_group`` replicas at stride
+    ``tp * cp * zero_group``; the experts stay sharded over all their replicas."""
     param_b, grad_b, _ = STATE_BYTES[dtype]
     grad_b = 4 if software.fp32_grad_reduce else grad_b
     replicas = mesh.dp * mesh.cp
     groups = [(params.dense, replicas, mesh.tp), (params.expert, replicas // mesh.ep, mesh.tp * mesh.ep)]
+    if zero_group and zero_stage >= 2:
+        shard = zero_group * mesh.cp
+        groups[0] = (params.dense, shard, mesh.tp)
+        replica_ar = (("all-reduce", grad_b, "reduce", 1.0, "units"),)
+        groups.append((params.dense / shard, replicas // shard, mesh.tp * shard, replica_ar))
     regather = recomputed_share if zero_stage == 3 and software.zero3_regather_recompute else 0.0
     time_of = flat_collective_time if zero_stage == 3 and software.zero3_flat else collective_time
     # gathers FSDP issues ahead of the layer: all of it, or DeepSpeed's prefetch bucket's share
@@ -143,12 +151,13 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     comm = dict.fromkeys(("fwd", "bwd"), 0.0)
     tail = dict.fromkeys(("fwd", "bwd"), 0.0)
     moved = 0.0
-    for count, size, stride in groups:
+    for count, size, stride, *own_ops in groups:
         if count <= 0 or size <= 1:
             continue
         share = min(params.bucket / count, 1.0)
         on_cores = all(t.kind == TierKind.SHARED_MEMORY for t, _ in group_phases(size, stride, cluster))
-        for kind, elem_b, phase, part, how in _ops(zero_stage, param_b, grad_b, regather, software):
+        for kind, elem_b, phase, part, how in (own_ops[0] if own_ops else
+                                               _ops(zero_stage, param_b, grad_b, regather, software)):
             # one collective's bandwidth time, plus the latency of every further call it is cut into
             calls = _calls(how, part * count * elem_b, params, size)
             t = part * time_of(kind, count * elem_b, size, stride, cluster)
@@ -165,10 +174,11 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved)
 
 
-def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int) -> float:
+def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int,
+                     zero_group: int = 0) -> float:
     """Seconds of the Adam step on one GPU's optimizer shard (memory-bound)."""
     replicas = mesh.dp * mesh.cp
-    shard = params.dense / (replicas if zero_stage >= 1 else 1)
+    shard = params.dense / ((zero_group * mesh.cp if zero_group else replicas) if zero_stage >= 1 else 1)
     shard += params.expert / (max(replicas // mesh.ep, 1) if zero_stage >= 1 else 1)
     accel = cluster.accelerator
     moved_s = OPTIMIZER_BYTES_PER_PARAM * shard / (accel.memory_bw_Bps * accel.memory_efficiency)

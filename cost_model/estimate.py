@@ -96,8 +96,9 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep)
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
                             microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
-                            recomputed_share=layers.full / max(n, 1))
-    opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage)
+                            recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)
+    opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage,
+                           zero_group=plan.zero_group)
     return RankTime(compute_s=fwd + bwd, comm_s=comm + dp.per_microbatch_s, optimizer_s=opt, dp=dp,
                     tp_cp_ep_bytes=moved)
 

@@ -78,7 +78,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     mesh = plan.mesh
     params = rank_params(summary, layers, mesh.tp, mesh.ep)
     replicas = mesh.dp * mesh.cp
-    dense = state_bytes(params.dense, dp=replicas, zero_stage=plan.zero_stage, dtype=plan.dtype)
+    shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
+    dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=plan.dtype)
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=plan.dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     activations = _activations(summary, plan, layers, software)

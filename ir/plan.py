@@ -103,6 +103,7 @@ class Plan:
     seq_len: int
     mesh: Mesh
     zero_stage: int = 0
+    zero_group: int = 0  # HSDP: shard ZeRO state over groups of this many dp ranks, replicate across; 0 = all of dp
     sequence_parallel: bool = False
     micro_batch_size: int = 1
     num_microbatches: int = 1
@@ -131,7 +132,9 @@ class Plan:
         counts = {r: self.recompute.count(r) for r in Recompute if r in self.recompute}
         rc = "none" if set(counts) <= {Recompute.NONE} else (
             next(iter(counts)) if len(counts) == 1 else ", ".join(f"{n} {r}" for r, n in counts.items()))
-        return (f"{self.mesh}, zero-{self.zero_stage}{', sp' if self.sequence_parallel else ''}, "
+        return (f"{self.mesh}, zero-{self.zero_stage}"
+                + (f" hsdp={self.zero_group}" if self.zero_group else "")
+                + f"{', sp' if self.sequence_parallel else ''}, "
                 f"micro-batch {self.micro_batch_size} x {self.num_microbatches}, recompute {rc}"
                 + (f", {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.mesh.pp > 1 else ""))
 
@@ -198,6 +201,15 @@ def _check(plan: Plan) -> None:
             bad(f"{name} must be a positive integer, got {value!r}")
     if plan.zero_stage not in (0, 1, 2, 3):
         bad(f"zero_stage must be 0, 1, 2 or 3, got {plan.zero_stage!r}")
+    zg = plan.zero_group
+    if not isinstance(zg, int) or isinstance(zg, bool) or zg < 0:
+        bad(f"zero_group must be a non-negative integer (0 = shard over all of dp), got {zg!r}")
+    if zg:
+        if plan.zero_stage not in (2, 3):
+            bad(f"zero_group({zg}) needs zero_stage 2 or 3, got zero_stage({plan.zero_stage})")
+        if not 1 < zg < plan.mesh.dp or plan.mesh.dp % zg:
+            bad(f"zero_group({zg}) must be > 1, < dp({plan.mesh.dp}) and divide it: "
+                f"dp({plan.mesh.dp}) % zero_group({zg}) = {plan.mesh.dp % zg}")
     object.__setattr__(plan, "schedule", Schedule(plan.schedule))
     object.__setattr__(plan, "recompute", tuple(Recompute(r) for r in plan.recompute))
     m = plan.mesh

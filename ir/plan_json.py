@@ -10,7 +10,7 @@ from .errors import InvalidPlanError
 from .placement import parse_placement
 
 _REQUIRED = ("model", "cluster", "global_batch", "seq_len", "mesh")
-_INT_FIELDS = ("global_batch", "seq_len", "zero_stage", "micro_batch_size", "num_microbatches", "vp")
+_INT_FIELDS = ("global_batch", "seq_len", "zero_stage", "zero_group", "micro_batch_size", "num_microbatches", "vp")
 
 
 def _fail(where: str, key: str, msg: str) -> InvalidPlanError:

@@ -19,11 +19,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..codegen import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
-                       Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
+                       FuseKernel, Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from ..codegen.expert import on_expert_mesh
 from ..ir import InvalidPlanError
 from .context import context_parallel_step, flatten_mesh
 from .expert import build_expert_mesh, expert_parallel
+from .fused import fuse_kernel
 from .pipeline import run_on_stages, split_pipeline
 from .styles import parallel_style, torch_op
 
@@ -102,7 +103,7 @@ EXECUTORS: dict[type, Callable[[Any, State], None]] = {
     BuildMesh: _build_mesh, SplitPipeline: split_pipeline, TensorParallel: _tensor_parallel, Recompute: _recompute,
     FullyShard: _fully_shard, DataParallel: _data_parallel, ShardOptimizer: _shard_optimizer,
     ExpertMesh: build_expert_mesh, ExpertParallel: expert_parallel,
-    FlattenMesh: flatten_mesh, ContextParallel: context_parallel_step,
+    FlattenMesh: flatten_mesh, ContextParallel: context_parallel_step, FuseKernel: fuse_kernel,
 }
 
 

@@ -66,8 +66,8 @@ class PlannedModule:
         self.device = state.device
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.dp_size: int = self.mesh.size(self.mesh.mesh_dim_names.index(program.dp_axis))
-        self.dp_rank: int = self.mesh.get_local_rank(program.dp_axis)
+        self.dp_size: int = self.mesh[program.dp_axis].size()  # the full data-parallel size (HSDP: dp x dp_shard)
+        self.dp_rank: int = self.mesh[program.dp_axis].get_local_rank()
         self.dp_group = self.mesh[program.dp_axis].get_group()
         self.sequence = sequence_split(program, self.mesh)  # this rank's tokens of each sequence (cp)
         self.loss_group, self.loss_ranks = data_group(program, self.mesh)  # the ranks that see other tokens
@@ -167,15 +167,16 @@ class PlannedModule:
 
 
 def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = None,
-          mesh: DeviceMesh | None = None, loss_fn: LossFn | None = None) -> PlannedModule:
+          mesh: DeviceMesh | None = None, loss_fn: LossFn | None = None, fuse: bool = False) -> PlannedModule:
     """Shard ``model`` as ``plan`` says, inside an initialized process group (or under torchrun).
 
     ``optimizer``: params -> Optimizer (default AdamW lr 1e-3); with ZeRO-1 it is wrapped in a
     ``ZeroRedundancyOptimizer``. ``loss_fn(logits, targets)`` for ``step`` (default: mean token
     cross-entropy in fp32, as ``meshplan.zoo.loss_fn``). ``mesh``: a DeviceMesh to use instead of building one; it must have
-    the plan's axes and sizes (``lower(plan).mesh.dims``).
+    the plan's axes and sizes (``lower(plan).mesh.dims``). ``fuse``: run the plan's fusions as generated
+    Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on CPU).
     """
-    program = lower(plan)
+    program = lower(plan, fuse=fuse)
     init_distributed()
     world = dist.get_world_size()
     if plan.world_size != world:

@@ -36,12 +36,12 @@ def synthetic_batch(vocab: int, global_batch: int, seq_len: int, seed: int, step
 
 
 def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
-                 optimizer: OptimizerFactory | None = None) -> list[float]:
+                 optimizer: OptimizerFactory | None = None, fuse: bool = False) -> list[float]:
     """Shard ``model`` (built after ``torch.manual_seed(seed)``) and train ``steps`` steps; rank 0 prints
     ``step N loss X`` and the median step time after the first step. Returns the losses (every rank)."""
     created = init_distributed()
     try:
-        losses = train_steps(apply(plan, model, optimizer=optimizer), plan, range(1, steps + 1), seed)
+        losses = train_steps(apply(plan, model, optimizer=optimizer, fuse=fuse), plan, range(1, steps + 1), seed)
     except BaseException:
         close_distributed(created, ok=False)
         raise
@@ -90,11 +90,13 @@ def main(argv: list[str] | None = None, *, model_builder: ModelBuilder | None = 
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--builder", default=DEFAULT_BUILDER,
                         help=f"model builder 'module:function' taking plan.model (default {DEFAULT_BUILDER})")
+    parser.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the plan's fusions as generated Triton kernels")
     args = parser.parse_args(argv)
     plan = Plan.load(args.plan)
     builder = model_builder or load_builder(args.builder)
     torch.manual_seed(args.seed)  # every rank builds the same initial weights
-    run_training(plan, builder(plan.model), steps=args.steps, seed=args.seed)
+    run_training(plan, builder(plan.model), steps=args.steps, seed=args.seed, fuse=args.fuse)
     return 0
 
 

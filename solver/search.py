@@ -50,7 +50,7 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *,
     names = tuple(p.name for p in req.graph.params) if layouts else ()
     return Plan(model=req.model, cluster=req.cluster.spec, global_batch=req.global_batch, seq_len=req.seq_len,
                 mesh=Mesh(pp=cand.pp, dp=cand.dp, cp=cand.cp, tp=cand.tp, ep=cand.ep), zero_stage=cand.zero,
-                sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
+                zero_group=cand.zero_group, sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
                 schedule=cand.schedule, vp=cand.vp, stages=stages,
                 recompute=recompute_list(dims.layers, stages, cand.pp, selective, full),
                 param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp), dtype=req.dtype)

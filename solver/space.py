@@ -34,7 +34,7 @@ from typing import Any
 
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp"})  # grows as the runtime does
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp"})  # grows as the runtime does
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
@@ -64,17 +64,19 @@ class Candidate:
     num_microbatches: int
     schedule: Schedule = Schedule.ONE_F_ONE_B
     vp: int = 1
+    zero_group: int = 0  # HSDP: ZeRO-2/3 inside groups of this many dp ranks (one node); 0 = all of dp
 
     @property
     def group(self) -> tuple:
         """Candidates of one group differ only in micro-batching and schedule."""
-        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.zero, self.sp)
+        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.zero, self.sp, self.zero_group)
 
     def describe(self) -> str:
         parts = [f"{a}={getattr(self, a)}" for a in ("pp", "dp", "cp", "tp", "ep") if getattr(self, a) > 1]
         mesh = " ".join(parts) or "1 GPU"
         pipe = f" {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.pp > 1 else ""
-        return (f"{mesh}{' +sp' if self.sp else ''} zero-{self.zero} "
+        return (f"{mesh}{' +sp' if self.sp else ''} zero-{self.zero}"
+                + (f" hsdp={self.zero_group}" if self.zero_group else "") + " "
                 f"micro-batch {self.micro_batch}x{self.num_microbatches}{pipe}")
 
 
@@ -191,14 +193,26 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
                  and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)
                  and not (z == 1 and mesh["ep"] > 1 and ZERO1_WITH_EP not in runtime)
                  and not (z == 1 and mesh["pp"] > 1 and ZERO1_WITH_PP not in runtime)]
-        for zero, sp in product(zeros, sps):
+        for zero, sp, zg in product(zeros, sps, _zero_groups(mesh, gpus_per_node, fixed, runtime)):
+            if zg and zero < 2:
+                continue
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
                 for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):
                     if zero == 3 and schedule == Schedule.ZERO_BUBBLE and ZERO3_WITH_ZB not in runtime:
                         continue
                     out.append(Candidate(**mesh, zero=zero, sp=sp, micro_batch=mb, num_microbatches=n,
-                                         schedule=schedule, vp=vp))
+                                         schedule=schedule, vp=vp, zero_group=zg))
     return tuple(out)
+
+
+def _zero_groups(mesh: dict[str, int], gpus_per_node: int, fixed: dict[str, Any], runtime: frozenset) -> tuple[int, ...]:
+    """0 (shard over all of dp), and HSDP with one node's data ranks as the shard group when that is
+    > 1, < dp and divides dp (the runtime: without pp, cp or ep)."""
+    g = gpus_per_node // (mesh["tp"] * mesh["cp"])
+    ok = ("hsdp" in runtime and 1 < g < mesh["dp"] and mesh["dp"] % g == 0
+          and mesh["pp"] == mesh["cp"] == mesh["ep"] == 1)
+    out = (0, g) if ok else (0,)
+    return tuple(z for z in out if fixed.get("zero_group", z) == z)
 
 
 def _micro_batchings(per_rank: int, fixed: dict[str, Any]) -> list[tuple[int, int]]:

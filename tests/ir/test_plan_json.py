@@ -70,6 +70,10 @@ def _good() -> dict:
     (lambda d: d["prediction"].pop("step_time_s"), "prediction.step_time_s: expected a number, got None"),
     (lambda d: d.update(param_layouts={"w": ["S(x)"]}), "param_layouts['w']: placement 'S(x)' is not one of"),
     (lambda d: d.update(mesh={"dp": 4, "ep": 3}), "ep(3) must divide dp(4) * cp(1) = 4"),
+    (lambda d: d.update(zero_stage=3, zero_group=3), "dp(4) % zero_group(3) = 1"),
+    (lambda d: d.update(zero_stage=3, zero_group=4), "zero_group(4) must be > 1, < dp(4)"),
+    (lambda d: d.update(zero_stage=1, zero_group=2), "zero_group(2) needs zero_stage 2 or 3"),
+    (lambda d: d.update(zero_stage=3, zero_group="2"), "zero_group: expected an integer"),
 ])
 def test_bad_plan_files_say_what_and_where(tmp_path, edit, message) -> None:
     data = _good()
@@ -98,3 +102,13 @@ def test_loading_never_executes_code(tmp_path) -> None:
     plan = ir.Plan.load(path)
     assert plan.model["name"].startswith("__import__")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_zero_group_round_trips() -> None:
+    import dataclasses
+    plan = ir.Plan.from_dict(_good())
+    hybrid = dataclasses.replace(plan, zero_stage=3, zero_group=2)
+    back = ir.Plan.from_json(hybrid.to_json())
+    assert back == hybrid and back.zero_group == 2
+    assert "hsdp=2" in back.summary()
+    assert ir.Plan.from_json(plan.to_json()).zero_group == 0

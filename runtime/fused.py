@@ -1,0 +1,70 @@
+"""The runtime side of ``FuseKernel``: generate the kernels module, import it, swap the module's class.
+
+The generated source goes to a cache folder (``$MESHPLAN_KERNEL_CACHE`` or ``~/.cache/meshplan/kernels``)
+named by its hash, and is imported from there with importlib, once per process. Kernels run in the
+Triton interpreter when ``TRITON_INTERPRET=1`` was set before triton was first imported (CPU tensors),
+with the interpreter's block sizes then.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from torch import nn
+
+from ..codegen.fused import FUSED_MODULES
+from ..codegen.kernels import GPU_RULES, INTERPRETER_RULES, generate_module
+from ..codegen.program import FuseKernel
+from ..ir import InvalidPlanError
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MESHPLAN_KERNEL_CACHE") or Path.home() / ".cache" / "meshplan" / "kernels")
+
+
+@functools.cache
+def load_kernels(kernels: tuple[str, ...]) -> ModuleType:
+    """The generated module with ``kernels``, imported from the cache (written there if new)."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    source = generate_module(kernels, rules=INTERPRETER_RULES if interpret else GPU_RULES)
+    name = "meshplan_kernels_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = _cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several ranks may write at once
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+@functools.cache
+def fused_class(kernel: str, base: type) -> type:
+    """The subclass of ``base`` (the zoo class ``FUSED_MODULES`` names; the runtime takes it from the
+    model, not the zoo) whose forward runs ``kernel``, as the emitted script defines it."""
+    _, base_name, name, body = FUSED_MODULES[kernel]
+    namespace: dict = {"kernels": load_kernels((kernel,))}
+    exec(f"def forward(self, x):\n    {body}\n", namespace)  # the emitted script's forward, verbatim
+    return type(name, (base,), {"forward": namespace["forward"], "__module__": __name__,
+                                "__doc__": f"{base_name} with its forward through the generated {kernel} kernel."})
+
+
+def fuse_kernel(step: FuseKernel, state) -> None:
+    """Swap the class of ``step.module`` for its fused subclass (parameters and submodules stay)."""
+    module: nn.Module = state.get(step.module)
+    base_name = FUSED_MODULES[step.kernel][1]
+    if type(module).__name__ != base_name:
+        raise InvalidPlanError(f"FuseKernel({step.module}, {step.kernel}) needs a {base_name}, "
+                               f"found {type(module).__name__}")
+    module.__class__ = fused_class(step.kernel, type(module))
