@@ -92,6 +92,9 @@ def context_parallel_lines(step: ContextParallel, target: str) -> tuple[str, lis
 
 def comment(step: Step) -> str | None:
     """The comment above a context-parallel step (lines joined by newlines), or None for other steps."""
+    if isinstance(step, FlattenMesh) and step.name != DATA_AXIS:
+        return (f"# one axis over {' x '.join(step.axes)}: the full data-parallel rank, for slicing the batch "
+                "and averaging the loss")
     if isinstance(step, FlattenMesh):
         return ("# every (dp, cp) rank sees other tokens, so data parallelism runs over dp x cp, flattened into one "
                 "axis\n# (torchtitan's dp_shard_cp; DeviceMesh._flatten is how torchtitan builds it)")

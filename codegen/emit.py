@@ -124,8 +124,8 @@ def _comment(step: Step) -> str:
             return ("# the root last: it takes the embedding, final norm and output head, and keeps them gathered "
                     "(backward needs them first)")
         if len(step.mesh_axes) == 2:
-            return ("# plain data parallelism over dp, as HSDP with a shard group of 1: replicated parameters, "
-                    "all-reduced gradients")
+            return (f"# FSDP2 on a 2-D mesh {step.mesh_axes} (HSDP): replicate over the first axis, shard over the "
+                    "second;\n# with a shard group of 1 this is plain data parallelism (all-reduced gradients)")
         if step.reshard_after_forward:
             return ("# ZeRO-3 (FSDP): shard parameters, gradients and optimizer state over dp; gather each block's "
                     "parameters for its forward and again for its backward")
