@@ -6,11 +6,6 @@ the very same lines as the fused script."""
 from __future__ import annotations
 
 import ast
-import os
-import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +15,8 @@ from meshplan import api, ir, zoo
 from meshplan.codegen import STEP_KINDS, FuseKernel, emit_source, lower
 from meshplan.codegen.fused import kernels_source, kernels_used
 from meshplan.runtime import EXECUTORS
-from meshplan.runtime.train import synthetic_batch
+from test_codegen_run import LINE, _losses, _reference, _torchrun
 
-STEPS = 3
-LINE = re.compile(r"^step (\d+) loss (\S+)$", re.M)
 
 
 def _plan(model: str = "llama-tiny", *, dp: int = 2, tp: int = 1, fusions=("add_rmsnorm", "swiglu"), **kw) -> api.Plan:
@@ -64,37 +57,9 @@ def test_emit_fuse_writes_kernels_beside_the_script(tmp_path) -> None:
     assert plain.read_text() == emit_source(_plan())
 
 
-def _reference(model: str = "llama-tiny", seed: int = 0) -> list[float]:
-    torch.manual_seed(seed)
-    net = zoo.build(model)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    losses = []
-    for step in range(1, STEPS + 1):
-        x, y = synthetic_batch(net.config.vocab, 8, 16, seed, step)
-        loss = zoo.loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
-def _torchrun(args: list[str], cwd: Path) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), *args, "--steps", str(STEPS)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "MESHPLAN_KERNEL_CACHE": str(cwd / "cache")}
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    return done.stdout
-
-
-def _losses(stdout: str) -> list[float]:
-    found = LINE.findall(stdout)
-    assert [int(n) for n, _ in found] == list(range(1, STEPS + 1)), stdout
-    return [float(x) for _, x in found]
+def _interpret(cwd: Path) -> dict[str, str]:
+    """Triton's CPU interpreter, and a kernel cache inside the test's folder."""
+    return {"TRITON_INTERPRET": "1", "MESHPLAN_KERNEL_CACHE": str(cwd / "cache")}
 
 
 @pytest.mark.slow
@@ -102,14 +67,15 @@ def test_fused_script_and_runtime_train_like_the_unfused_script(tmp_path) -> Non
     plan = _plan()
     fused = plan.emit(tmp_path / "train_fused.py", fuse=True)
     plain = plan.emit(tmp_path / "train_plain.py")
-    fused_out = _torchrun([str(fused)], tmp_path)
+    fused_out = _torchrun([str(fused)], tmp_path, nproc=2, env=_interpret(tmp_path))
     fused_losses = _losses(fused_out)
     tol = dict(atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(_losses(_torchrun([str(plain)], tmp_path))),
-                               **tol)
-    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(_reference()), **tol)
+    plain_losses = _losses(_torchrun([str(plain)], tmp_path, nproc=2, env=_interpret(tmp_path)))
+    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(plain_losses), **tol)
+    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(_reference("llama-tiny")), **tol)
     plan_file = plan.save(tmp_path / "plan.json")
-    from_runtime = _torchrun(["-m", "meshplan.runtime.train", str(plan_file), "--fuse"], tmp_path)
+    from_runtime = _torchrun(["-m", "meshplan.runtime.train", str(plan_file), "--fuse"], tmp_path, nproc=2,
+                             env=_interpret(tmp_path))
     assert LINE.findall(from_runtime) == LINE.findall(fused_out)
     assert list((tmp_path / "cache").glob("meshplan_kernels_*.py"))  # the runtime's generated module
 

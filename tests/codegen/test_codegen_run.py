@@ -45,14 +45,15 @@ def _reference(model: str, seed: int = 0) -> list[float]:
     return losses
 
 
-def _torchrun(args: list[str], cwd: Path) -> str:
+def _torchrun(args: list[str], cwd: Path, *, nproc: int = 4, env: dict[str, str] | None = None) -> str:
+    """Run a script under torchrun on ``nproc`` CPU processes; its stdout (the test fails on a non-zero exit)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), *args, "--steps", str(STEPS)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+           "127.0.0.1", "--master-port", str(port), *args, "--steps", str(STEPS)]
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout
 

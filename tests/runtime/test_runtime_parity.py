@@ -56,7 +56,7 @@ def ranks2(tmp_path_factory) -> list[dict]:
 
 
 def _check(ranks: list[dict], case: dict) -> None:
-    assert_matches_reference(ranks, case["name"], case.get("model", "moe-tiny"))
+    assert_matches_reference(ranks, case["name"], case["model"])
 
 
 @pytest.mark.slow
