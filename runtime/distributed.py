@@ -1,6 +1,8 @@
 """The process group and the device: the only place meshplan reads the environment torchrun sets."""
 from __future__ import annotations
 
+import atexit
+import datetime
 import os
 
 import torch
@@ -31,7 +33,23 @@ def init_distributed() -> bool:
     else:
         torch.set_num_threads(1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    # a user's loop (plan.apply) may simply end: a gloo group still alive when the interpreter exits
+    # aborts the process ("terminate called without an active exception"), so close it on the way out
+    atexit.register(_destroy_if_alive)
     return True
+
+
+def _destroy_if_alive() -> None:
+    if not dist.is_initialized():
+        return
+    try:  # meet the other ranks first (bounded: a rank that died must not hang the exit)
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+        else:
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - leaving anyway; the group is destroyed below
+        pass
+    dist.destroy_process_group()
 
 
 def close_distributed(created: bool, *, ok: bool) -> None:
