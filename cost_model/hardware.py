@@ -78,6 +78,11 @@ class Accelerator:
     compute_units: int  # SMs (NVIDIA), CUs (AMD), matrix units (TPU): tiles of one wave
     matmul_tile_elems: int  # output elements of one matmul tile (256 x 128 on NVIDIA)
     shared_by: float = 1.0  # ranks per core when CPU processes oversubscribe the cores (a profile's P / C)
+    # measured on CPU profiles only (cost_model/profile.py); the defaults leave GPU presets as they are:
+    matmul_bwd_efficiency: float = 1.0  # the gradient GEMMs' (transposed layouts) rate over the forward's
+    op_overhead_s: float = 0.0  # framework cost of one eager autograd op, forward + backward (dispatch)
+    dtensor_op_overhead_s: float = 0.0  # the same for a DTensor op (tensor parallelism)
+    sync_overhead_s: float = 0.0  # a TP collective's cost after compute beyond its time among ranks in step
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,11 @@ class Accelerator:
                                       f"[0, memory_bytes({self.memory_bytes:.3g}))")
         if not self.kernel_overhead_s >= 0:
             raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
+        if not 0 < self.matmul_bwd_efficiency <= 4:
+            raise InvalidClusterError(f"{who}: matmul_bwd_efficiency must be in (0, 4], got {self.matmul_bwd_efficiency!r}")
+        for name in ("op_overhead_s", "dtensor_op_overhead_s", "sync_overhead_s"):
+            if not getattr(self, name) >= 0:
+                raise InvalidClusterError(f"{who}: {name} must be >= 0, got {getattr(self, name)!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -111,7 +121,8 @@ class Accelerator:
             self.name, tuple(sorted(self.peak_flops.items())), tuple(sorted(self.matmul_efficiency.items())),
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
             self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
-            self.shared_by)))
+            self.shared_by, self.matmul_bwd_efficiency, self.op_overhead_s, self.dtensor_op_overhead_s,
+            self.sync_overhead_s)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -116,6 +116,30 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
+def layer_ops(shape: LayerShape) -> tuple[int, int]:
+    """(plain eager ops, DTensor ops) one layer's forward dispatches in meshplan's runtime, each with
+    its autograd backward. GPT: 2 LayerNorms, 6 Linears, 3 views and 3 transposes of q/k/v, SDPA,
+    the output transpose and reshape, GELU, 2 residual adds (20). Llama/MoE add RMSNorm's ~4 ops
+    each, rotary (~6 per q and k), SwiGLU's product. Under TP the Linears are DTensor ops, plus the
+    from_local/to_local at each of the 2 parallel regions' ends; with SP the norms and the
+    redistributions around them too."""
+    d = shape.dims
+    linears = 6 if d.family == "gpt" else 7
+    ops = 20 if d.family == "gpt" else 20 + 6 + 12 + 2
+    if shape.tp == 1:
+        return ops, 0
+    dt = linears + 4 + (4 if shape.sp else 0)
+    return ops - linears - (2 if shape.sp else 0), dt
+
+
+def dispatch_s(shape: LayerShape, cluster: Cluster) -> float:
+    """Framework seconds (dispatch, autograd) of one layer's forward and backward: measured per op on
+    CPU profiles, 0 on GPU presets (launches run ahead of the kernels there)."""
+    accel = cluster.accelerator
+    plain, dt = layer_ops(shape)
+    return plain * accel.op_overhead_s + dt * accel.dtensor_op_overhead_s
+
+
 def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) seconds of the layer's weight matmuls on one GPU."""
     accel, ab = cluster.accelerator, ACTIVATION_BYTES[shape.dtype]
@@ -145,7 +169,8 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     moved, kernels = elementwise_fwd(shape)
     mem_f = memory_time_s(accel, moved, kernels)
     mem_b = memory_time_s(accel, 2 * moved, 2 * kernels)
-    return mm_f + core_f + mem_f, mm_b + core_b + mem_b, core_f, mm_f, mm_b
+    ops = dispatch_s(shape, cluster)  # a third forward, two thirds backward (grad input and weight)
+    return mm_f + core_f + mem_f + ops / 3, mm_b + core_b + mem_b + 2 * ops / 3, core_f, mm_f, mm_b
 
 
 def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
@@ -158,10 +183,12 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
         tp_b = 2 * (bus_bytes("all-gather", act, tp) + bus_bytes("reduce-scatter", act, tp))
     else:
         tp_s, tp_b = 2 * collective_time("all-reduce", act, tp, 1, cluster), 2 * bus_bytes("all-reduce", act, tp)
+    if tp > 1:  # each call waits for ranks that computed out of step (measured on CPU profiles, else 0)
+        tp_s += (4 if shape.sp else 2) * cluster.accelerator.sync_overhead_s
     tp_fwd_s = tp_bwd_s = tp_s
     tp_bwd_b = tp_b
     if shape.sp and shape.software.sp_regather:  # the attention and MLP inputs, gathered again
-        tp_bwd_s += 2 * collective_time("all-gather", act, tp, 1, cluster)
+        tp_bwd_s += 2 * (collective_time("all-gather", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
     if shape.software.tp_comm_overlap and shape.sp:
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
@@ -209,7 +236,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         moved = (3 if d.family == "gpt" else 2) * act
         fwd += memory_time_s(accel, moved, 2)
         bwd += memory_time_s(accel, 2 * moved, 2)
-        comm_f += collective_time(kind, act, tp, 1, cluster)
+        comm_f += collective_time(kind, act, tp, 1, cluster) + (accel.sync_overhead_s if tp > 1 else 0.0)
         tp_bytes += bus_bytes(kind, act, tp)
     if last:
         f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
@@ -218,7 +245,10 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         fwd += f + memory_time_s(accel, 18 * logits + norm, 6)
         bwd += b + memory_time_s(accel, 18 * logits + 2 * norm, 8)
         gather = "all-gather" if shape.sp else "all-reduce"
-        comm_b += collective_time(gather, act, tp, 1, cluster)
+        comm_b += collective_time(gather, act, tp, 1, cluster) + (accel.sync_overhead_s if tp > 1 else 0.0)
         tp_bytes += bus_bytes(gather, act, tp)
+    ops = (3 if first else 0) + (5 if last else 0)  # gathers, position add; norm, logits, loss
+    ops_s = ops * (accel.dtensor_op_overhead_s if tp > 1 else accel.op_overhead_s)
+    fwd, bwd = fwd + ops_s / 3, bwd + 2 * ops_s / 3
     return LayerCost(fwd_compute_s=fwd, bwd_compute_s=bwd, core_fwd_s=0.0, fwd_comm_s=comm_f, bwd_comm_s=comm_b,
                      comm_bytes_fwd={"tp": tp_bytes}, comm_bytes_bwd={})

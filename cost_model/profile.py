@@ -10,7 +10,11 @@ better fit needs no re-measurement::
     dtype            the dtype of the matmuls (float32 on CPU)
     matmul           [{m, n, k, seconds}]: (m, k) @ (k, n), median over the ranks running together
     memory_copy      [{bytes, seconds}]: bytes read + written by a copy
+    matmul_backward  optional [{m, n, k, seconds}]: both gradient matmuls of (m, k) @ (k, n) in
+                     nn.Linear's layout (dY @ W and dY^T @ X), median over the ranks
     small_op_s       one tiny elementwise op: the fixed cost per kernel (dispatch)
+    op_overhead      optional {plain_s, dtensor_s}: one tiny autograd op, forward and backward,
+                     plain and as a DTensor op (the framework's cost per op of a layer)
     attention        {batch_heads, seq_len, head_dim, seconds}: causal SDPA forward
     process_rss_bytes  resident memory of a rank after start-up: never usable by tensors
     collectives      {kind: [{group_size, bytes, seconds}]}: groups of consecutive ranks, all
@@ -22,6 +26,13 @@ Fits (least squares on relative error, so small and large sizes weigh alike):
   peak is what was achieved) and one compute unit (no wave quantization on a CPU core);
 * memory: the rate of the largest copy is ``memory_bw_Bps`` (efficiency 1): smaller ones may sit
   in a cache that the activations of a training step do not fit;
+* matmul_backward: the same fit at twice the FLOPs and two per-op costs -> ``matmul_bwd_efficiency``
+  = its peak over the forward's (1 when absent);
+* op_overhead -> ``op_overhead_s`` and ``dtensor_op_overhead_s`` (0 when absent), charged per op of
+  a layer (``layer_cost.layer_ops``);
+* sync_after_compute (optional {group_size, bytes, compute_s, seconds}: a matmul, then an all-reduce
+  as DTensor issues it) -> ``sync_overhead_s`` = seconds - compute_s - the fitted all-reduce time
+  (>= 0; 0 when absent), charged per tensor-parallel collective call (``layer_cost``);
 * attention: the causal SDPA's executed FLOPs (half of 4*b*a*s^2*d) over its time and the peak;
 * ``shared_by`` = processes / cores when the ranks oversubscribe the cores (``hardware.py``);
 * each collective and group size n: t = latency + bus_bytes(kind, S, n) / B over the message sizes
@@ -33,13 +44,14 @@ kind of machine is refused with the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from ..ir.errors import InvalidClusterError
-from .collectives import Collective, bus_bytes
+from .collectives import Collective, bus_bytes, collective_time
 from .hardware import DTYPES, Accelerator, Cluster, Tier, TierKind
 
 SCHEMA = "meshplan.profile/1"  # runtime/calibrate.py writes the same string
@@ -82,7 +94,17 @@ def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str 
     accel = accelerator_from_profile(data, where)
     tier = tier_from_profile(data, where, processes)
     spec = data.get("spec") or (str(path) if not isinstance(path, dict) else f"profile:1x{processes}")
-    return Cluster(accelerator=accel, nodes=1, gpus_per_node=processes, tiers=(tier,), name="profile", spec=spec)
+    cluster = Cluster(accelerator=accel, nodes=1, gpus_per_node=processes, tiers=(tier,), name="profile", spec=spec)
+    if "sync_after_compute" not in data:  # optional: profiles written before it lack it
+        return cluster
+    sync = _field(data, "sync_after_compute", dict, where)
+    at = f"{where}: sync_after_compute"
+    size, nbytes, compute_s, both_s = (_positive(sync, k, at) for k in ("group_size", "bytes", "compute_s", "seconds"))
+    if int(size) != size or not 2 <= size <= processes:
+        raise InvalidClusterError(f"{at}: group_size must be 2 to processes({processes}) ranks, got {size!r}")
+    alone = collective_time(Collective.ALL_REDUCE, nbytes, int(size), 1, cluster)
+    extra = max(0.0, both_s - compute_s - alone)
+    return dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
 
 
 def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
@@ -106,11 +128,20 @@ def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
     if reserved >= memory:
         raise InvalidClusterError(f"{where}: process_rss_bytes ({reserved:.3g}) is not below the memory per "
                                   f"process ({memory:.3g} = machine.memory_bytes / processes)")
+    bwd_eff = 1.0
+    if "matmul_backward" in data:  # optional: profiles written before it lack it
+        grads = [{**r, "m": 2 * r["m"]} for r in _points(data, "matmul_backward", ("m", "n", "k", "seconds"), where)]
+        bwd_eff = min(4.0, max(0.05, _matmul_peak(grads, 2 * overhead, where) / peak))
+    op_s = dtensor_s = 0.0
+    if "op_overhead" in data:
+        ops = _field(data, "op_overhead", dict, where)
+        op_s, dtensor_s = (_positive(ops, k, f"{where}: op_overhead") for k in ("plain_s", "dtensor_s"))
     return Accelerator(name=f"{machine['kind']} ({processes} processes)", peak_flops={dtype: peak},
                        matmul_efficiency={dtype: 1.0}, memory_bytes=memory, reserved_bytes=reserved,
                        memory_bw_Bps=bandwidth, memory_efficiency=1.0, attention_efficiency=attention_eff,
                        kernel_overhead_s=overhead, compute_units=1, matmul_tile_elems=1,
-                       shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")))
+                       shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")),
+                       matmul_bwd_efficiency=bwd_eff, op_overhead_s=op_s, dtensor_op_overhead_s=dtensor_s)
 
 
 def tier_from_profile(data: dict[str, Any], where: str, processes: int) -> Tier:

@@ -6,12 +6,16 @@
 every number includes the contention of ranks that share the cores, as a training run of ``nproc``
 ranks has. Each rank times, median of a few repetitions:
 
-* matmuls ``(m, k) @ (k, n)`` over sizes (float32 on CPU, bfloat16 on GPUs);
+* matmuls ``(m, k) @ (k, n)`` over sizes (float32 on CPU, bfloat16 on GPUs), and the two gradient
+  matmuls of the same shapes in nn.Linear's layout (``dY @ W``, ``dY^T @ X``);
 * a copy of a large tensor (bytes read + written), and one tiny elementwise op (the cost per op);
 * a causal scaled-dot-product attention forward;
+* one tiny autograd op, forward and backward, plain and as a DTensor op (the framework's cost per op);
 * all-reduce, all-gather, reduce-scatter, broadcast and all-to-all over every group size that
   divides ``nproc`` (groups of consecutive ranks, all groups of a size at once), over message sizes;
-  a collective's time is its slowest rank's.
+  a collective's time is its slowest rank's;
+* a matmul followed by an all-reduce over the world as DTensor issues it, alone and together (what a
+  collective costs after compute, beyond its time among ranks that enter it at once).
 
 Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
 from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
@@ -102,7 +106,7 @@ def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = Fa
 
 def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """This rank's compute timings; every rank runs them at the same time."""
-    out: dict[str, Any] = {"matmul": [], "memory_copy": []}
+    out: dict[str, Any] = {"matmul": [], "memory_copy": [], "matmul_backward": []}
     for m, n, k in MATMULS:
         a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
         dist.barrier()
@@ -112,14 +116,50 @@ def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         dst = torch.empty_like(src)
         dist.barrier()
         out["memory_copy"].append({"bytes": 2 * size, "seconds": _timed(lambda: dst.copy_(src), device)})
+    for m, n, k in MATMULS:  # the backward of x (m, k) @ W^T as nn.Linear stores W (n, k)
+        x, w, dy = (torch.randn(*s, device=device, dtype=dtype) for s in ((m, k), (n, k), (m, n)))
+        dist.barrier()
+        out["matmul_backward"].append({"m": m, "n": n, "k": k,
+                                       "seconds": _timed(lambda: (dy @ w, dy.t() @ x), device)})
     tiny = torch.ones(8, device=device)
     dist.barrier()
     out["small_op_s"] = _timed(lambda: tiny.add(1.0), device)
+    out["op_overhead"] = _op_overhead(device)
     q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype)  # (b, heads, s, head_dim)
     dist.barrier()
     out["attention"] = {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
                         "seconds": _timed(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), device)}
     return out
+
+
+OP_CHAIN = 32
+
+
+def _op_overhead(device: torch.device) -> dict[str, float]:
+    """Seconds of one tiny autograd op (a (2, 8) @ (8, 8) matmul), forward and backward, per op of a
+    chain of ``OP_CHAIN``: plain, and as a DTensor op on a 1-D mesh over the world (replicated: no
+    communication, only DTensor's dispatch and sharding propagation)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    def chain(x: torch.Tensor, w: torch.Tensor, local: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        def run() -> None:
+            y = x
+            for _ in range(OP_CHAIN):
+                y = y @ w
+            local(y).sum().backward()
+        return run
+
+    x = torch.ones(2, 8, device=device, requires_grad=True)
+    w = torch.full((8, 8), 0.1, device=device, requires_grad=True)
+    dist.barrier()
+    plain = _timed(chain(x, w, lambda y: y), device) / OP_CHAIN
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    dx = distribute_tensor(x.detach(), mesh, [Replicate()]).requires_grad_()
+    dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
+    dist.barrier()
+    dtensor = _timed(chain(dx, dw, lambda y: y.to_local()), device) / OP_CHAIN
+    return {"plain_s": plain, "dtensor_s": dtensor}
 
 
 def _collective(kind: str, nbytes: int, group: Any, size: int, device: torch.device) -> Callable[[], Any]:
@@ -154,12 +194,34 @@ def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
     return out
 
 
+SYNC_BYTES = 4 << 20
+
+
+def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """A matmul and then an all-reduce of ``SYNC_BYTES`` over the world as tensor parallelism issues it
+    (a functional collective: a fresh output, waited on), timed alone and together: what a collective
+    costs in training beyond its time among ranks that enter it at once (their skew when they share
+    cores, the fresh buffers)."""
+    import torch.distributed._functional_collectives as funcol
+
+    a = torch.randn(512, 512, device=device, dtype=dtype)
+    x = torch.ones(SYNC_BYTES // 4, device=device)
+    group = dist.group.WORLD
+    dist.barrier()
+    compute = _timed(lambda: a @ a, device, collective=True)
+    dist.barrier()
+    both = _timed(lambda: (a @ a, funcol.wait_tensor(funcol.all_reduce(x, "sum", group))), device, collective=True)
+    return {"group_size": world, "bytes": SYNC_BYTES, "compute_s": compute, "seconds": both}
+
+
 def measure(world: int) -> dict[str, Any] | None:
     """Every rank of an initialized process group measures; rank 0 gets the profile, the others None."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
     device = device_for_rank()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mine = {"compute": _compute(device, dtype), "collectives": _collectives(world, device), "rss": _rss_bytes()}
+    if world > 1:
+        mine["sync"] = _sync_after_compute(world, device, dtype)
     rank = dist.get_rank()
     gathered: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
@@ -177,11 +239,19 @@ def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
             "matmul": median_seconds([p["matmul"] for p in profiles]),
             "memory_copy": median_seconds([p["memory_copy"] for p in profiles]),
             "small_op_s": statistics.median(p["small_op_s"] for p in profiles),
+            **({"matmul_backward": median_seconds([p["matmul_backward"] for p in profiles])}
+               if all("matmul_backward" in p for p in profiles) else {}),
+            **({"op_overhead": {k: statistics.median(p["op_overhead"][k] for p in profiles)
+                                for k in first["op_overhead"]}}
+               if all("op_overhead" in p for p in profiles) else {}),
             "attention": {**first["attention"],
                           "seconds": statistics.median(p["attention"]["seconds"] for p in profiles)},
             "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
             "collectives": {kind: median_seconds([p["collectives"][kind] for p in profiles])
                             for kind in first["collectives"]},
+            **({"sync_after_compute": {**first["sync_after_compute"], **{
+                k: statistics.median(p["sync_after_compute"][k] for p in profiles) for k in ("compute_s", "seconds")}}}
+               if all("sync_after_compute" in p for p in profiles) else {}),
             "rounds": len(profiles)}
 
 
@@ -210,12 +280,20 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
               for i, row in enumerate(first["matmul"])]
     copies = [{**row, "seconds": median_of(lambda c, i=i: c["memory_copy"][i]["seconds"])}
               for i, row in enumerate(first["memory_copy"])]
+    backward = [{**row, "seconds": median_of(lambda c, i=i: c["matmul_backward"][i]["seconds"])}
+                for i, row in enumerate(first["matmul_backward"])]
     collectives: dict[str, list[dict[str, Any]]] = {}
     for i, row in enumerate(ranks[0]["collectives"]):
         slowest = max(r["collectives"][i]["seconds"] for r in ranks)
         collectives.setdefault(row["kind"], []).append(
             {"group_size": row["group_size"], "bytes": row["bytes"], "seconds": slowest})
+    sync = {}
+    if world > 1:  # compute as the median rank's, the pair as the slowest rank's (as a collective)
+        sync = {"sync_after_compute": {**ranks[0]["sync"],
+                                       "compute_s": statistics.median(r["sync"]["compute_s"] for r in ranks),
+                                       "seconds": max(r["sync"]["seconds"] for r in ranks)}}
     return {
+        **sync,
         "schema": SCHEMA,
         "machine": {"kind": machine_kind(), "cores": os.cpu_count(), "memory_bytes": machine_memory_bytes(),
                     "torch": torch.__version__, "backend": dist.get_backend()},
@@ -225,7 +303,9 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
         "dtype": str(dtype).removeprefix("torch."),
         "matmul": matmul,
         "memory_copy": copies,
+        "matmul_backward": backward,
         "small_op_s": median_of(lambda c: c["small_op_s"]),
+        "op_overhead": {k: median_of(lambda c, k=k: c["op_overhead"][k]) for k in first["op_overhead"]},
         "attention": {**first["attention"], "seconds": median_of(lambda c: c["attention"]["seconds"])},
         "process_rss_bytes": max(r["rss"] for r in ranks),
         "collectives": collectives,

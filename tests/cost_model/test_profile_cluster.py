@@ -73,6 +73,50 @@ def _broken(change) -> dict:
     return data
 
 
+BWD_PEAK, PLAIN_OP, DTENSOR_OP = 0.8 * PEAK, 12e-6, 90e-6
+
+
+def with_backward_and_ops() -> dict:
+    """The optional fields: both gradient matmuls of each shape at 0.8 of the forward's peak, one
+    autograd op plain and as a DTensor op."""
+    data = synthetic_profile()
+    data["matmul_backward"] = [{**r, "seconds": 2 * 2 * r["m"] * r["n"] * r["k"] / BWD_PEAK + 2 * OVERHEAD}
+                               for r in data["matmul"]]
+    data["op_overhead"] = {"plain_s": PLAIN_OP, "dtensor_s": DTENSOR_OP}
+    return data
+
+
+def test_optional_backward_and_per_op_fields_are_fitted() -> None:
+    from meshplan.cost_model.kernels import matmul_fwd_bwd_s
+
+    old = cluster_from_profile(synthetic_profile()).accelerator  # profiles without them still load
+    assert old.matmul_bwd_efficiency == 1.0 and old.op_overhead_s == old.dtensor_op_overhead_s == 0.0
+    accel = cluster_from_profile(with_backward_and_ops()).accelerator
+    assert accel.matmul_bwd_efficiency == pytest.approx(0.8, rel=1e-6)
+    assert accel.op_overhead_s == PLAIN_OP and accel.dtensor_op_overhead_s == DTENSOR_OP
+    assert accel.peak("float32") == pytest.approx(PEAK, rel=1e-6)  # the forward fit is untouched
+    fwd, bwd = matmul_fwd_bwd_s(accel, "float32", 512, 512, 512, 4)
+    assert bwd == pytest.approx(2 * fwd / 0.8, rel=1e-6)
+
+
+def test_per_op_overhead_is_charged_per_layer_and_more_under_tp(make_graph, make_gpt) -> None:
+    import dataclasses
+
+    from meshplan.cost_model.layer_cost import LayerShape, layer_cost, layer_ops
+
+    dims = make_graph(make_gpt(4, 256, 8)).dims
+    base = cluster_from_profile(synthetic_profile())
+    ops_only = dataclasses.replace(base, accelerator=dataclasses.replace(
+        base.accelerator, op_overhead_s=PLAIN_OP, dtensor_op_overhead_s=DTENSOR_OP))
+    for tp, sp in ((1, False), (4, False), (4, True)):
+        shape = LayerShape(dims=dims, micro_batch=4, seq_len=128, tp=tp, sp=sp, dtype="float32")
+        plain, dt = layer_ops(shape)
+        assert (dt == 0) == (tp == 1) and plain > 0
+        a, b = layer_cost(shape, base), layer_cost(shape, ops_only)
+        extra = (b.fwd_compute_s + b.bwd_compute_s) - (a.fwd_compute_s + a.bwd_compute_s)
+        assert extra == pytest.approx(plain * PLAIN_OP + dt * DTENSOR_OP, rel=1e-9)
+
+
 @pytest.mark.parametrize("change, words", [
     (lambda d: d.update(schema="meshplan.cluster/1"), "schema 'meshplan.cluster/1', expected 'meshplan.profile/1'"),
     (lambda d: d.pop("matmul"), "matmul must be a list of at least 2 measurements, got None"),
@@ -84,6 +128,9 @@ def _broken(change) -> dict:
     (lambda d: d["collectives"]["all-gather"][0].update(group_size=8), "a group must have 2 to processes(4) ranks"),
     (lambda d: d.update(dtype="int4"), "dtype 'int4' is not one of"),
     (lambda d: d.update(process_rss_bytes=7e9), "process_rss_bytes (7e+09) is not below the memory per process"),
+    (lambda d: d.update(matmul_backward=[]), "matmul_backward must be a list of at least 2 measurements"),
+    (lambda d: d.update(op_overhead={"plain_s": 1e-5}), "op_overhead: dtensor_s must be a positive number"),
+    (lambda d: d.update(op_overhead=3), "op_overhead must be an object"),
 ])
 def test_malformed_profiles_are_refused_with_the_reason(change, words) -> None:
     with pytest.raises(ir.InvalidClusterError) as err:
@@ -134,3 +181,15 @@ def test_ranks_that_share_cores_lend_them_while_they_wait(make_graph, make_plan,
     assert estimate(graph, shared, pp).step_time_s < estimate(graph, alone, pp).step_time_s
     assert estimate(graph, shared, pp).time_s["bubble"] < estimate(graph, alone, pp).time_s["bubble"]
     assert estimate(graph, shared, dp).step_time_s == pytest.approx(estimate(graph, alone, dp).step_time_s)
+
+
+def test_sync_after_compute_is_the_excess_over_compute_and_the_fitted_all_reduce() -> None:
+    call_s, bus = TRUE[("all-reduce", 4)]
+    alone = call_s + bus_bytes("all-reduce", 4 << 20, 4) / bus
+    data = synthetic_profile()
+    assert cluster_from_profile(data).accelerator.sync_overhead_s == 0.0  # absent: nothing charged
+    data["sync_after_compute"] = {"group_size": 4, "bytes": 4 << 20, "compute_s": 5e-3, "seconds": 5e-3 + alone + 2e-3}
+    assert cluster_from_profile(data).accelerator.sync_overhead_s == pytest.approx(2e-3, rel=1e-6)
+    data["sync_after_compute"]["group_size"] = 8
+    with pytest.raises(ir.InvalidClusterError, match="group_size must be 2 to processes"):
+        cluster_from_profile(data)
