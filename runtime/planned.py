@@ -12,6 +12,7 @@ for GPUs and not applied yet).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Callable, Iterable
 
 import torch
@@ -127,10 +128,15 @@ class PlannedModule:
             self._check_local(inputs)
         else:
             inputs, targets = self.local_batch(inputs, targets)
-        if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
-            loss_sum = run_schedule(self.pipeline, inputs, targets, self.program.num_microbatches, self.device)
-        else:
-            loss_sum = self._accumulate(inputs, targets)
+        with warnings.catch_warnings():
+            # FSDP2 warns that the root returns a view (the logits) because an in-place op on it would
+            # skip its hook; the loss here only reads the logits, so the warning does not apply
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+            if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
+                loss_sum = run_schedule(self.pipeline, inputs, targets, self.program.num_microbatches,
+                                        self.device)
+            else:
+                loss_sum = self._accumulate(inputs, targets)
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.steps_done += 1
