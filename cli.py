@@ -148,9 +148,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         run_resumable(plan, model, steps=args.steps, seed=args.seed, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=args.checkpoint_every, save_final=args.save_final)
-        return 0
-    run_training(plan, model, steps=args.steps, seed=args.seed)
-    return 0
+    else:
+        run_training(plan, model, steps=args.steps, seed=args.seed)
+    # a torchrun worker: leave without the interpreter's teardown, where a gloo group's threads can
+    # still abort the process after all the work is done ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _checkpoint_args(p: argparse.ArgumentParser) -> None:

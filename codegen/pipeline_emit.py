@@ -136,6 +136,9 @@ LOOP = '''
 
 if __name__ == "__main__":
     main()
+    # leave without the interpreter's teardown: there a gloo group's threads can still abort the
+    # process ("terminate called without an active exception") after all the work is done
+    os._exit(0)
 '''
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -101,4 +102,9 @@ def main(argv: list[str] | None = None, *, model_builder: ModelBuilder | None = 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # a torchrun worker: leave without the interpreter's teardown, where a gloo group's threads can
+    # still abort the process after all the work is done ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

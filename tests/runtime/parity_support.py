@@ -131,6 +131,8 @@ def _rank_main(rank: int, world_size: int, port: int, entry: str, payload: Any, 
         getattr(__import__(module), name)(rank, world_size, payload, Path(outdir))
         dist.barrier()  # no rank tears its gloo pairs down while a peer still talks to it
         dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)  # skip the interpreter's teardown, where gloo's threads can abort a finished process
     except BaseException:
         Path(outdir, f"rank{rank}.err").write_text(f"--- rank {rank} ---\n{traceback.format_exc()}")
         raise
