@@ -7,15 +7,12 @@ No search runs: the plan is built as given (dp, when left out, is what the GPUs 
 tp * pp * cp) and costed by ``cost_model.estimate``. Pipeline stages split the layers evenly, the
 first chunks taking the remainder, unless ``--stages`` lists the layers per chunk. The report is
 the one ``meshplan plan`` prints, plus a line with model and hardware FLOP/s per GPU; ``--json``
-prints the plan with its prediction instead. Wire it into ``cli.py`` with::
-
-    from .cli_estimate import add_parser as add_estimate; add_estimate(sub)
+prints the plan with its prediction instead. ``cli.py`` registers it with ``add_parser``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -176,18 +173,3 @@ def build_plan(config: zoo.ModelConfig, cluster: Cluster, args: argparse.Namespa
                    schedule=schedule, vp=args.vp, recompute=(args.recompute,) * config.layers,
                    stages=_stages(args, config.layers), dtype=dtype)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m meshplan.cli_estimate ...`` until ``cli.py`` registers the subcommand."""
-    parser = argparse.ArgumentParser(prog="meshplan")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["estimate", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ir.PlanError as exc:
-        print(f"meshplan: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

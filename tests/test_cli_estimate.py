@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from meshplan import cli_estimate
+from meshplan import cli
 
 TINY = ("--model", "gpt-tiny", "--global-batch", "8", "--seq-len", "64")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli_estimate.main(list(argv))
+    code = cli.main(["estimate", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
