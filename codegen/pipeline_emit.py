@@ -122,24 +122,7 @@ LOOP = '''
         dist.all_reduce(loss_sum, group=pp_group)  # the last stage's losses, to every stage
         loss_sum /= NUM_MICROBATCHES
         dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks
-        loss = loss_sum.item() / DP_SIZE
-        times.append(time.perf_counter() - start)
-        if dist.get_rank() == 0:
-            print(f"step {{step}} loss {{loss:.6f}}", flush=True)
-    if dist.get_rank() == 0:
-        timed = times[1:] or times  # the first step pays for lazy initialization
-        print(f"median step time {{statistics.median(timed):.4f}} s over {{len(timed)}} steps after warm-up",
-              flush=True)
-    dist.barrier()  # every rank finishes before any tears its connections down
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
-    # leave without the interpreter's teardown: there a gloo group's threads can still abort the
-    # process ("terminate called without an active exception") after all the work is done
-    os._exit(0)
-'''
+''' + script.LOOP_END
 
 
 def script_parts(program: Program, pipeline_lines: list[str]) -> SimpleNamespace:

@@ -79,20 +79,8 @@ MAIN_MODEL = '''
     model = parallelize(model, mesh)
 '''
 
-LOOP = '''
-    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()
-    times = []
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
-        inputs, targets = synthetic_batch(step, args.seed, dp_rank)
-        loss_sum = torch.zeros((), device=device)
-        for mb, (x, y) in enumerate(zip(inputs.chunk(NUM_MICROBATCHES), targets.chunk(NUM_MICROBATCHES))):
-{micro_step}
-            loss_sum += loss.detach()
-        optimizer.step()
-        optimizer.zero_grad()
-        dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks
-        loss = loss_sum.item() / DP_SIZE
+# the end of every emitted training loop: the step's global mean loss, the timing, a clean exit
+LOOP_END = '''        loss = loss_sum.item() / DP_SIZE
         times.append(time.perf_counter() - start)
         if dist.get_rank() == 0:
             print(f"step {{step}} loss {{loss:.6f}}", flush=True)
@@ -110,6 +98,21 @@ if __name__ == "__main__":
     # process ("terminate called without an active exception") after all the work is done
     os._exit(0)
 '''
+
+LOOP = '''
+    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()
+    times = []
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        inputs, targets = synthetic_batch(step, args.seed, dp_rank)
+        loss_sum = torch.zeros((), device=device)
+        for mb, (x, y) in enumerate(zip(inputs.chunk(NUM_MICROBATCHES), targets.chunk(NUM_MICROBATCHES))):
+{micro_step}
+            loss_sum += loss.detach()
+        optimizer.step()
+        optimizer.zero_grad()
+        dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks
+''' + LOOP_END
 
 FORWARD_BACKWARD = [
     "loss = meshplan.zoo.loss_fn(model(x.to(device)), y.to(device)) / NUM_MICROBATCHES",
