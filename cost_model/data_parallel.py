@@ -35,6 +35,17 @@ each gather and waits for the rest. With ``zero3_regather_recompute`` the layers
 recomputation gather their parameters a third time, for the recomputed forward; with
 ``zero3_flat`` the collectives are costed per GPU on its own link (``collectives.py``).
 
+What hides is not free: compute runs ``Software.overlap_slowdown`` slower while a collective
+runs beside it (Lee et al. 2025), so each hidden second adds that share of a second to the step,
+reported as compute::
+
+    contention = overlap_slowdown * min(comm - tail, window)   per phase
+
+A ZeRO-2/3 program that copies parameters out of its all-gather buffer and gradients into its
+reduce-scatter buffer (``Software.zero_copy_buffers``, PyTorch FSDP2) reads and writes each byte
+once more per collective: ``2 * bytes`` at HBM bandwidth per gather and per reduce-scatter, per
+micro-batch, also reported as compute.
+
 On a shared-memory tier (CPU processes over gloo) a collective is copied and reduced by the same
 cores that compute, so overlapping it with compute saves nothing: all of it is exposed.
 
@@ -50,6 +61,7 @@ from dataclasses import dataclass
 from ..ir.plan import Mesh
 from .collectives import bus_bytes, collective_time, flat_collective_time, group_phases
 from .hardware import Cluster, TierKind
+from .kernels import memory_time_s
 from .memory import STATE_BYTES
 from .pipeline import RankLayers
 from .software import DEFAULT, Software
@@ -74,6 +86,8 @@ class DataParallelCost:
     per_microbatch_s: float  # exposed once per micro-batch (ZeRO-2/3), inside the pipeline
     per_step_s: float  # exposed once per step, after the last backward (DP, ZeRO-1)
     bus_bytes: float  # per GPU per step
+    compute_per_microbatch_s: float = 0.0  # compute slowed by hidden collectives, buffer copies (ZeRO-2/3)
+    compute_per_step_s: float = 0.0  # the same, once per step (DP, ZeRO-1)
 
 
 def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int) -> RankParams:
@@ -91,9 +105,12 @@ def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int) -> 
     return RankParams(dense=dense, expert=layers.layers * experts, bucket=max(edges), units=max(units, 1))
 
 
-def _overlap(comm_s: float, tail_s: float, window_s: float) -> float:
+def _overlap(comm_s: float, tail_s: float, window_s: float) -> tuple[float, float]:
+    """(exposed, hidden) seconds of ``comm_s`` issued under ``window_s`` of compute, whose last
+    ``tail_s`` can only start after the compute."""
     tail_s = min(tail_s, comm_s)
-    return tail_s + max(0.0, comm_s - tail_s - window_s)
+    exposed = tail_s + max(0.0, comm_s - tail_s - window_s)
+    return exposed, comm_s - exposed
 
 
 def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
@@ -147,7 +164,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     hidden = {"fwd": ahead, "bwd": ahead, "reduce": 1.0 if software.overlap_grad_reduce else 0.0,
               "update": 1.0 if software.overlap_param_gather else 0.0}
     under = {"fwd": "fwd", "bwd": "bwd", "reduce": "bwd", "update": "fwd"}  # the compute that can hide it
-    waits = 0.0
+    waits = copies = 0.0
     comm = dict.fromkeys(("fwd", "bwd"), 0.0)
     tail = dict.fromkeys(("fwd", "bwd"), 0.0)
     moved = 0.0
@@ -163,15 +180,23 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
             t = part * time_of(kind, count * elem_b, size, stride, cluster)
             t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
             moved += part * bus_bytes(kind, count * elem_b, size)
+            if software.zero_copy_buffers and zero_stage >= 2 and kind in ("all-gather", "reduce-scatter"):
+                copies += part * 2 * count * elem_b
             hides = 0.0 if on_cores else hidden[phase]
             waits += (1.0 - hides) * t
             comm[under[phase]] += hides * t
             tail[under[phase]] += hides * t * share
-    exposed = waits + _overlap(comm["fwd"], tail["fwd"], fwd_window_s) + _overlap(comm["bwd"], tail["bwd"],
-                                                                                   bwd_window_s)
+    (fwd_exposed, fwd_hidden), (bwd_exposed, bwd_hidden) = (_overlap(comm["fwd"], tail["fwd"], fwd_window_s),
+                                                            _overlap(comm["bwd"], tail["bwd"], bwd_window_s))
+    exposed = waits + fwd_exposed + bwd_exposed
+    accel = cluster.accelerator
+    slowed = software.overlap_slowdown * (fwd_hidden + bwd_hidden)
+    if copies:
+        slowed += memory_time_s(accel, copies, 0)
     if zero_stage >= 2:
-        return DataParallelCost(per_microbatch_s=exposed, per_step_s=0.0, bus_bytes=moved * microbatches)
-    return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved)
+        return DataParallelCost(per_microbatch_s=exposed, per_step_s=0.0, bus_bytes=moved * microbatches,
+                                compute_per_microbatch_s=slowed)
+    return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved, compute_per_step_s=slowed)
 
 
 def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int,

@@ -99,7 +99,8 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)
     opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage,
                            zero_group=plan.zero_group)
-    return RankTime(compute_s=fwd + bwd, comm_s=comm + dp.per_microbatch_s, optimizer_s=opt, dp=dp,
+    return RankTime(compute_s=fwd + bwd + dp.compute_per_microbatch_s, comm_s=comm + dp.per_microbatch_s,
+                    optimizer_s=opt + dp.compute_per_step_s, dp=dp,
                     tp_cp_ep_bytes=moved)
 
 

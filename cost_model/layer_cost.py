@@ -27,6 +27,9 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
 With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``: Transformer Engine splits
 each sequence-parallel all-gather and reduce-scatter into chunks that flow while the adjacent GEMM
 computes on the chunks already there), TP communication is hidden up to the layer's matmul time.
+What hides (TP under the matmuls, CP's K/V all-gather under the attention core) slows the compute
+it runs beside by ``Software.overlap_slowdown`` of its time (``data_parallel.py``); that share is
+counted with the layer's communication. CPU ranks overlap nothing, so there it is zero.
 ``Software.attention == "plain"`` times the attention core unfused (``kernels.py``), and
 ``Software.dropout`` adds the 1-byte masks the two bias-dropout-adds write (read again backward).
 
@@ -40,7 +43,7 @@ from functools import lru_cache
 from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
-from .hardware import Cluster
+from .hardware import Cluster, TierKind
 from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s
 from .memory import ACTIVATION_BYTES
 from .software import DEFAULT, Software
@@ -190,7 +193,9 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
     if shape.sp and shape.software.sp_regather:  # the attention and MLP inputs, gathered again
         tp_bwd_s += 2 * (collective_time("all-gather", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
+    hidden = 0.0  # communication run under compute, which it slows (Software.overlap_slowdown)
     if shape.software.tp_comm_overlap and shape.sp:
+        hidden = min(tp_fwd_s, matmul_s_[0]) + min(tp_bwd_s, matmul_s_[1])
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0
     if d.family == "moe" and ep > 1:
@@ -201,10 +206,13 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
     cp_fwd = max(0.0, cp_ag - core_fwd_s)
     cp_bwd = max(0.0, cp_ag + cp_rs - 2.5 * core_fwd_s)
+    hidden += (cp_ag - cp_fwd) + (cp_ag + cp_rs - cp_bwd)
+    on_cores = cluster.tiers[0].kind == TierKind.SHARED_MEMORY  # CPU ranks: nothing runs beside compute
+    slowed = 0.0 if on_cores else shape.software.overlap_slowdown * hidden / 2  # half forward, half backward
     cp_b = bus_bytes("all-gather", kv_all, cp)
     fwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b}
     bwd_bytes = {"tp": tp_bwd_b, "ep": ep_b, "cp": cp_b + bus_bytes("reduce-scatter", kv_all, cp)}
-    return tp_fwd_s + ep_s + cp_fwd, tp_bwd_s + ep_s + cp_bwd, fwd_bytes, bwd_bytes
+    return tp_fwd_s + ep_s + cp_fwd + slowed, tp_bwd_s + ep_s + cp_bwd + slowed, fwd_bytes, bwd_bytes
 
 
 @lru_cache(maxsize=8192)
