@@ -45,7 +45,7 @@ CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
 CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
-MAX_MICROBATCHES = 256
+MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
 MAX_MICRO_BATCH = 8
 MIN_CP_TOKENS = 1024
 VIRTUAL_STAGES = (2, 4)
