@@ -1,0 +1,162 @@
+"""The cost model's memory prediction against what the runtime really holds: a small GPT under many
+plans on 4 gloo processes.
+
+    python bench/cpu_memory.py [--nproc 4]
+
+Every plan is applied with the real runtime (``runtime.apply``), stepped once (the optimizer makes
+its state lazily), then stepped again while ``runtime.memory.measure_step_memory`` counts this
+rank's resident bytes (parameters, buffers, gradients, optimizer state) and the allocator's peak
+inside the step. The most loaded rank is compared with ``cost_model.estimate``'s
+``peak_memory_bytes`` on ``cpu:1x<nproc>``: the prediction must never be the smaller (an
+under-estimate is an out-of-memory risk on a real cluster). Memory does not depend on load, so
+unlike the time benchmark this one is not disturbed by other work on the machine.
+
+A benchmark, not a test: it prints and asserts nothing (tests/runtime/test_runtime_memory.py
+asserts the same check on a few plans).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+import warnings
+from pathlib import Path
+
+MODEL = dict(family="gpt", layers=4, hidden=256, heads=8, vocab=4096, max_seq_len=128, name="gpt-bench")
+GLOBAL_BATCH, SEQ_LEN = 16, 128
+# (label, tp, pp, dp, zero, sp, micro-batch, recompute, schedule)
+PLANS = (
+    ("DDP", 1, 1, 4, 0, False, 4, "none", "1f1b"),
+    ("DDP, 2 micro-batches", 1, 1, 4, 0, False, 2, "none", "1f1b"),
+    ("DDP + full recompute", 1, 1, 4, 0, False, 4, "full", "1f1b"),
+    ("DDP + selective recompute", 1, 1, 4, 0, False, 4, "selective", "1f1b"),
+    ("ZeRO-1", 1, 1, 4, 1, False, 4, "none", "1f1b"),
+    ("ZeRO-2", 1, 1, 4, 2, False, 4, "none", "1f1b"),
+    ("ZeRO-3", 1, 1, 4, 3, False, 4, "none", "1f1b"),
+    ("TP4 + SP", 4, 1, 1, 0, True, 16, "none", "1f1b"),
+    ("TP4", 4, 1, 1, 0, False, 16, "none", "1f1b"),
+    ("TP2 + SP x DP2", 2, 1, 2, 0, True, 8, "none", "1f1b"),
+    ("TP2 x ZeRO-3 2", 2, 1, 2, 3, True, 8, "none", "1f1b"),
+    ("PP2 x DP2, 1F1B", 1, 2, 2, 0, False, 2, "none", "1f1b"),
+    ("PP2 x DP2, GPipe", 1, 2, 2, 0, False, 2, "none", "gpipe"),
+    ("PP4, 1F1B", 1, 4, 1, 0, False, 4, "none", "1f1b"),
+)
+
+
+def build_plans(nproc: int) -> list[tuple[str, object]]:
+    from meshplan import ir
+    from meshplan.cli_estimate import _stages  # even stage split, as ``meshplan estimate`` makes it
+
+    out = []
+    for label, tp, pp, dp, zero, sp, mb, recompute, schedule in PLANS:
+        if tp * pp * dp != nproc:
+            continue
+        args = argparse.Namespace(pp=pp, vp=1, stages=None)
+        plan = ir.Plan(model=MODEL, cluster=f"cpu:1x{nproc}", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+                       mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp,
+                       micro_batch_size=mb, num_microbatches=GLOBAL_BATCH // (mb * dp), schedule=schedule,
+                       recompute=(recompute,) * MODEL["layers"], stages=_stages(args, MODEL["layers"]),
+                       dtype="float32")
+        out.append((label, plan))
+    return out
+
+
+def _worker(rank: int, world: int, port: int, plans_json: str, output: str, errors: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    from meshplan import ir, zoo
+    from meshplan.codegen.lower import lower
+    from meshplan.runtime import apply, init_distributed
+    from meshplan.runtime.memory import measure_step_memory
+    from meshplan.runtime.train import synthetic_batch
+
+    try:
+        init_distributed()
+        results = {}
+        for label, data in json.loads(plans_json):
+            plan = ir.Plan.from_dict(data)
+            try:
+                lower(plan)
+            except ir.PlanError as exc:
+                results[label] = {"skipped": str(exc)}
+                continue
+            torch.manual_seed(0)
+            pm = apply(plan, zoo.build_from_config(plan.model))
+            pm.step(*synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 0))
+            mine = measure_step_memory(pm, *synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 1))
+            gathered: list[dict] = [{}] * world
+            dist.all_gather_object(gathered, mine)
+            results[label] = max(gathered, key=lambda m: m["peak"])
+            del pm
+        if rank == 0:
+            Path(output).write_text(json.dumps(results))
+        dist.destroy_process_group()
+    except Exception:
+        Path(errors, f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def measure(plans: list[tuple[str, object]], nproc: int) -> dict:
+    import torch.multiprocessing as mp
+
+    payload = json.dumps([(label, plan.to_dict()) for label, plan in plans])
+    with tempfile.TemporaryDirectory() as tmp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        output = str(Path(tmp, "measured.json"))
+        try:
+            mp.spawn(_worker, args=(nproc, port, payload, output, tmp), nprocs=nproc)
+        except Exception as exc:
+            reports = sorted(Path(tmp).glob("rank*.txt"))
+            raise SystemExit("measuring failed:\n" + ("\n".join(p.read_text() for p in reports) or str(exc)))
+        return json.loads(Path(output).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, default=4)
+    args = ap.parse_args(argv)
+    from meshplan import zoo
+    from meshplan.cost_model import Cluster, estimate
+    from meshplan.frontend import trace
+
+    plans = build_plans(args.nproc)
+    measured = measure(plans, args.nproc)
+    graph = trace(zoo.build_from_config(MODEL), batch=1, seq_len=64)  # shapes are symbolic in b, s
+    cluster = Cluster.preset("cpu", gpus_per_node=args.nproc)
+    mb = 1e6
+    print(f"{'plan':<28} {'resident':>9} {'in step':>8} {'measured':>9} {'predicted':>9} "
+          f"{'pred state':>10} {'pred act+buf':>12} {'ratio':>6}")
+    ratios, under = [], []
+    for label, plan in plans:
+        got = measured[label]
+        if "skipped" in got:
+            print(f"{label:<28} skipped: {got['skipped']}")
+            continue
+        pred = estimate(graph, cluster, plan)
+        parts = pred.memory_bytes
+        state = parts["params"] + parts["grads"] + parts["optimizer"]
+        ratio = pred.peak_memory_bytes / got["peak"]
+        ratios.append(ratio)
+        if ratio < 1.0:
+            under.append(label)
+        print(f"{label:<28} {got['resident'] / mb:9.2f} {got['in_step'] / mb:8.2f} {got['peak'] / mb:9.2f} "
+              f"{pred.peak_memory_bytes / mb:9.2f} {state / mb:10.2f} {(pred.peak_memory_bytes - state) / mb:12.2f} "
+              f"{ratio:6.2f}{'  UNDER' if ratio < 1.0 else ''}")
+    print(f"\nMB per rank (the most loaded); ratio = predicted / measured over {len(ratios)} plans: "
+          f"min {min(ratios):.2f}, max {max(ratios):.2f}; under-estimates: {len(under)}"
+          + (f" ({', '.join(under)})" if under else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
