@@ -93,6 +93,9 @@ class SolverInfo:
     constraints: int = 0
     binding: str = ""  # the constraint that binds, in words
     alternatives: tuple[dict, ...] = ()  # runners-up: {"summary", "step_time_s", "peak_memory_bytes", "why"}
+    intra_op: str = ""  # the per-op tp layout inside a block, in words (solver/intra_op.py)
+    intra_op_variables: int = 0
+    intra_op_constraints: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -140,11 +140,12 @@ def _solver(s: Any, where: str, cls: type) -> Any:
         if not isinstance(s.get(key), (int, float)):
             raise _fail(where, f"solver.{key}", f"expected a number, got {s.get(key)!r}")
     kw = {"status": s["status"], "wall_s": float(s["wall_s"]), "gap": float(s["gap"])}
-    for key in ("candidates", "pruned", "variables", "constraints"):
+    for key in ("candidates", "pruned", "variables", "constraints", "intra_op_variables", "intra_op_constraints"):
         if key in s:
             kw[key] = _int(s[key], where, f"solver.{key}")
-    if "binding" in s:
-        kw["binding"] = str(s["binding"])
+    for key in ("binding", "intra_op"):
+        if key in s:
+            kw[key] = str(s[key])
     if "alternatives" in s:
         if not isinstance(s["alternatives"], list) or not all(isinstance(a, dict) for a in s["alternatives"]):
             raise _fail(where, "solver.alternatives", "expected a list of objects")

@@ -1,9 +1,13 @@
 """Parameter layouts a plan implies: one placement per mesh axis (pp, dp, cp, tp, ep), kept as data.
 
-The tensor-parallel rules follow Megatron-LM (Shoeybi et al. 2019, sec. 3): the first matmul of
-each pair is split by output features (``nn.Linear`` weight dim 0, ``S(0)``), the second by input
-features (``S(1)``), so each pair needs one all-reduce (or, with sequence parallelism, one
-all-gather and one reduce-scatter). Under ZeRO-3/FSDP2 every parameter is also split along dim 0
+Inside a block the tp placements come from the intra-op program (``intra_op.py``): the search
+passes its answer as ``tp_layouts``. On the zoo's blocks it recovers Megatron-LM's split (Shoeybi et
+al. 2019, sec. 3): the first matmul of each pair split by output features (``nn.Linear`` weight
+dim 0, ``S(0)``), the second by input features (``S(1)``), one all-reduce per pair (or, with
+sequence parallelism, one all-gather and one reduce-scatter). ``TP_RULES`` writes that answer
+down for where no graph is at hand (``meshplan estimate`` from a saved plan) and for the
+parameters outside the blocks (embedding, output head); ``tests/solver/test_intra_op.py`` checks
+that the program and the rules agree. Under ZeRO-3/FSDP2 every parameter is also split along dim 0
 over dp.
 """
 from __future__ import annotations
@@ -30,13 +34,16 @@ def tp_placement(name: str) -> str:
     return next(p for pattern, p in TP_RULES if fnmatch.fnmatchcase(name, pattern))
 
 
-def param_layouts(param_names: tuple[str, ...], *, tp: int, zero: int, dp: int) -> dict[str, tuple[str, ...]]:
-    """Placements per axis of ``AXES`` for every parameter."""
+def param_layouts(param_names: tuple[str, ...], *, tp: int, zero: int, dp: int,
+                  tp_layouts: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Placements per axis of ``AXES`` for every parameter; ``tp_layouts`` (the intra-op answer for
+    the block parameters) wins over ``TP_RULES``."""
     out = {}
+    tp_layouts = tp_layouts or {}
     for name in param_names:
         per_axis = {axis: "R" for axis in AXES}
         if tp > 1:
-            per_axis["tp"] = tp_placement(name)
+            per_axis["tp"] = tp_layouts.get(name) or tp_placement(name)
         if zero == 3 and dp > 1:
             per_axis["dp"] = "S(0)"
         out[name] = tuple(per_axis[a] for a in AXES)

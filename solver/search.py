@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
 from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo
-from . import ilp
+from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts
 from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty
@@ -53,7 +53,25 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *,
                 zero_group=cand.zero_group, sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
                 schedule=cand.schedule, vp=cand.vp, stages=stages,
                 recompute=recompute_list(dims.layers, stages, cand.pp, selective, full),
-                param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp), dtype=req.dtype)
+                param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp,
+                                            tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype)
+
+
+TP_REPLICATE = "tp_replicate"  # a replicated linear inside a tp block (codegen/tp_plans cannot say it yet)
+
+
+def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:
+    """The intra-op program's answer for the candidate's tp degree (cached), None without tp."""
+    if cand.tp == 1 or not req.graph.blocks:
+        return None
+    return intra_op.solve_graph(req.graph, tp=cand.tp, cluster=req.cluster, micro_batch=cand.micro_batch,
+                                seq_len=req.seq_len // cand.cp, sp=cand.sp, dtype=req.dtype,
+                                replicate=TP_REPLICATE in req.runtime)
+
+
+def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
+    sol = intra_op_of(req, cand)
+    return sol.tp_placements(req.graph) if sol is not None and sol.ok else None
 
 
 def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,
@@ -184,8 +202,18 @@ def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
                       wall_s=time.perf_counter() - s.start, gap=best_sol.gap, candidates=len(s.cands),
                       pruned=len(s.cands) - sum(min_memory(c) <= s.limit for c in s.costs.values()),
                       variables=best_sol.variables, constraints=best_sol.constraints, binding=binding(plans[0]),
+                      **_intra_op_info(s.req, found[0][0]),
                       alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]))
     return tuple(replace(p, solver=info if i == 0 else None) for i, p in enumerate(plans))
+
+
+def _intra_op_info(req: Request, cand: Candidate) -> dict[str, Any]:
+    sol = intra_op_of(req, cand)
+    if sol is None:
+        return {}
+    line = f"tp={cand.tp}{', sp' if cand.sp else ''}: " + (sol.summary() if sol.ok else "no executable layout; "
+                                                          "Megatron's rules (solver/layouts.py) used")
+    return {"intra_op": line, "intra_op_variables": sol.variables, "intra_op_constraints": sol.constraints}
 
 
 def cost_layers(s: _Search, cand: Candidate) -> int:
