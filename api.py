@@ -10,7 +10,7 @@ import torch
 
 from . import ir, solver, zoo
 from .codegen.fusion import find_fusions, fusion_names
-from .cost_model import Cluster, parse_cluster
+from .cost_model import Cluster, estimate, parse_cluster, worthwhile
 from .frontend import trace
 
 
@@ -89,7 +89,23 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
                          dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top)
     fusions = fusion_names(find_fusions(graph))  # the chains whose fused kernel moves fewer bytes
-    return tuple(as_api_plan(replace(p, fusions=fusions)) for p in solver.solve(req, progress=progress))
+    return tuple(as_api_plan(_with_fusions(p, fusions, graph, cluster)) for p in solver.solve(req, progress=progress))
+
+
+def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
+    """``plan`` recording the fusions of ``found`` that the cost model says save time in its program,
+    its prediction counting them; the unfused program (without ``--fuse``) becomes an alternative."""
+    chosen = worthwhile(found, plan.model["family"], tp=plan.mesh.tp, sp=plan.sequence_parallel)
+    if not chosen or plan.prediction is None:
+        return replace(plan, fusions=chosen)
+    fused = replace(plan, fusions=chosen)
+    pred, unfused = estimate(graph, cluster, fused), plan.prediction
+    saved_ms = (unfused.step_time_s - pred.step_time_s) * 1e3
+    alt = {"summary": f"{plan.summary()}, unfused", "step_time_s": unfused.step_time_s, "fuse": False,
+           "peak_memory_bytes": unfused.peak_memory_bytes,
+           "why": f"without --fuse: the fused kernels {', '.join(chosen)} save {saved_ms:.2f} ms/step of memory traffic"}
+    info = plan.solver and replace(plan.solver, alternatives=(alt, *plan.solver.alternatives))
+    return replace(fused, prediction=pred, solver=info)
 
 
 def autoparallelize(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,

@@ -2,35 +2,115 @@
 the emitted script, and the generated kernels module the script imports.
 
 A fused module keeps its parameters and submodules; only its class changes, to a subclass of the zoo
-class whose forward calls the generated kernel (``codegen.kernels.generate_module``) where eager
-PyTorch ran a chain of ops. Tensor parallelism and FSDP wrap the submodules (``w1``, ``w3``, ``w2``)
-and so see nothing different; under ColwiseParallel the kernel gets the local shards, elementwise.
+class that overrides one method to call the generated kernel (``codegen.kernels.generate_module``)
+where eager PyTorch ran a chain of ops. ``FUSED_MODULES`` holds, per kernel, the module it swaps in
+each block and the method's source, which the emitted script prints and the runtime executes verbatim:
 
-    FUSED_MODULES[kernel] = (where: module path in a block, zoo class, subclass name, forward body)
+    swiglu         layers.N.mlp   SwiGLU.forward          silu(w1 x) * w3 x                  (llama)
+    bias_gelu      layers.N.mlp   GeluMLP.forward         gelu_tanh(x W1^T + b1), the GEMM without its bias (gpt)
+    add_rmsnorm    layers.N       Block.residual_norm     x + attn_out and mlp_norm of it     (llama, moe)
+    add_layernorm  layers.N       Block.residual_norm     the same with a LayerNorm           (gpt)
 
-Only the SwiGLU MLP of the llama family is applied for now: ``add_rmsnorm`` and the others need the
-block's forward restructured (the residual add and the norm are in different modules), and are
-recorded in ``plan.fusions`` but not applied.
+The add + norm fused is the one inside a block (after attention, before the MLP). The other one the
+fusion pass finds, the MLP's residual add with the next block's ``attn_norm`` (or the final norm),
+crosses the block boundary, where pipeline stages, activation checkpointing and FSDP cut the model:
+it stays eager.
+
+Tensor parallelism and FSDP see nothing different where the fused method reads plain tensors:
+under ColwiseParallel ``swiglu`` gets the local shards from ``w1`` and ``w3``; without sequence
+parallelism the residual stream and the norms are plain replicated tensors, and FSDP hands a block
+its gathered parameters. Where a kernel would get DTensors or bypass a parallel style's hooks,
+``blocked`` says why, and lowering skips the kernel for that plan (the program's header says so):
+
+    add_rmsnorm, add_layernorm  not with sequence parallelism: SequenceParallel runs the norms on
+                                S(1) DTensors, and the weight gradient needs its reduction over tp
+    bias_gelu                   not with tensor parallelism: the fused forward calls fc1's GEMM
+                                itself, past ColwiseParallel's input and output redistributions
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..ir import Plan
 from .kernels import GPU_RULES, BlockRules, generate_module
 from .program import FuseKernel, Program, Step
 
-FUSED_MODULES: dict[str, tuple[str, str, str, str]] = {
-    "swiglu": ("mlp", "SwiGLU", "FusedSwiGLU", "return self.w2(kernels.swiglu(self.w1(x), self.w3(x)))"),
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FusedModule:
+    """How one kernel runs in a zoo block: the module it swaps, and the method that calls the kernel."""
+
+    where: str  # path inside a block: "mlp", or "" for the block itself
+    base: str  # the zoo class (meshplan.zoo.models)
+    name: str  # the fused subclass
+    signature: str  # the overridden method, e.g. "forward(self, x)"
+    body: tuple[str, ...]  # its lines; ``kernels`` is the generated module, ``torch`` is torch
+    families: tuple[str, ...]
+
+    def source(self) -> str:
+        """The method's source at class level (4 spaces), as the script prints and the runtime executes it."""
+        return f"    def {self.signature}:\n" + "".join(f"        {line}\n" for line in self.body)
+
+
+def _add_norm(kernel: str, extra: str, eps: str, families: tuple[str, ...]) -> FusedModule:
+    return FusedModule(where="", base="Block", name="Fused" + "".join(p.title() for p in kernel.split("_")) + "Block",
+                       signature="residual_norm(self, x, attn_out)", families=families, body=(
+                           "norm = self.mlp_norm",
+                           f"normed, x = kernels.{kernel}(attn_out, x, norm.weight, {extra}{eps})",
+                           "return x, normed"))
+
+
+FUSED_MODULES: dict[str, FusedModule] = {
+    "swiglu": FusedModule(where="mlp", base="SwiGLU", name="FusedSwiGLU", signature="forward(self, x)",
+                          body=("return self.w2(kernels.swiglu(self.w1(x), self.w3(x)))",), families=("llama",)),
+    "bias_gelu": FusedModule(where="mlp", base="GeluMLP", name="FusedGeluMLP", signature="forward(self, x)",
+                             body=("h = torch.nn.functional.linear(x, self.fc1.weight)  # fc1's GEMM, its bias in the kernel",
+                                   "return self.fc2(kernels.bias_gelu(h, self.fc1.bias))"), families=("gpt",)),
+    # nn.RMSNorm's eps=None means the dtype's machine epsilon (torch.nn.functional.rms_norm)
+    "add_rmsnorm": _add_norm("add_rmsnorm", "", "torch.finfo(x.dtype).eps if norm.eps is None else norm.eps",
+                             ("llama", "moe")),
+    "add_layernorm": _add_norm("add_layernorm", "norm.bias, ", "norm.eps", ("gpt",)),
 }
-FAMILY_KERNELS = {"llama": ("swiglu",)}  # what the family's blocks can run fused (FUSED_MODULES)
+
+
+def blocked(kernel: str, plan: Plan) -> str | None:
+    """Why ``kernel`` cannot run under ``plan`` in the zoo's blocks, or None when it can."""
+    if kernel in ("add_rmsnorm", "add_layernorm") and plan.sequence_parallel:
+        return ("under sequence parallelism the norms run on S(1) DTensors (SequenceParallel) and their weight "
+                "gradients need a reduction over tp; the kernel takes plain tensors")
+    if kernel == "bias_gelu" and plan.mesh.tp > 1:
+        return "under tensor parallelism fc1 is sharded by ColwiseParallel's hooks, which the fused forward would bypass"
+    return None
+
+
+def applicable(plan: Plan) -> tuple[str, ...]:
+    """The kernels of ``plan.fusions`` that run in the plan's program, in ``FUSED_MODULES`` order."""
+    family = plan.model.get("family")
+    return tuple(k for k, f in FUSED_MODULES.items()
+                 if k in plan.fusions and family in f.families and blocked(k, plan) is None)
+
+
+def skipped(plan: Plan) -> tuple[str, ...]:
+    """One line per fusion ``plan.fusions`` records that its program does not run, and why."""
+    family = plan.model.get("family")
+    if not plan.fusions:
+        return ("fusion: the plan records none (meshplan.autoparallelize records those the cost model finds faster)",)
+    lines = []
+    for kernel in plan.fusions:
+        spec = FUSED_MODULES.get(kernel)
+        if spec is None or family not in spec.families:
+            why = f"no zoo {family} block holds it as one module ({', '.join(FUSED_MODULES)} are applied)"
+        else:
+            why = blocked(kernel, plan)
+        if why is not None:
+            lines.append(f"fusion {kernel} not applied: {why}")
+    return tuple(lines)
 
 
 def fuse_steps(plan: Plan, layers: int) -> list[Step]:
-    """FuseKernel for each block and each applicable kernel that ``plan.fusions`` records (or, for a plan
-    that records none, every kernel the family supports)."""
-    family = plan.model.get("family")
-    supported = FAMILY_KERNELS.get(family, ())
-    wanted = [k for k in (plan.fusions or supported) if k in supported]
-    return [FuseKernel(module=f"layers.{i}.{FUSED_MODULES[k][0]}", kernel=k) for k in wanted for i in range(layers)]
+    """FuseKernel for each block and each kernel ``applicable`` to the plan."""
+    return [FuseKernel(module=".".join(filter(None, (f"layers.{i}", FUSED_MODULES[k].where))), kernel=k)
+            for k in applicable(plan) for i in range(layers)]
 
 
 def kernels_used(program: Program) -> tuple[str, ...]:
@@ -45,7 +125,7 @@ def kernels_source(program: Program, *, rules: BlockRules = GPU_RULES) -> str | 
 
 
 def fuse_kernel_lines(step: FuseKernel, target: str) -> tuple[str, list[str]]:
-    return "parallelize", [f"{target}.__class__ = {FUSED_MODULES[step.kernel][2]}"]
+    return "parallelize", [f"{target}.__class__ = {FUSED_MODULES[step.kernel].name}"]
 
 
 def comment(step: Step) -> str | None:
@@ -66,8 +146,8 @@ def definitions(program: Program) -> list[str]:
     """The fused subclasses the program's steps swap in."""
     out = []
     for kernel in kernels_used(program):
-        _, base, name, body = FUSED_MODULES[kernel]
-        out.append(f"\n\nclass {name}(meshplan.zoo.models.{base}):\n"
-                   f'    """{base} with its forward through the generated ``{kernel}`` kernel."""\n\n'
-                   f"    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        {body}\n")
+        spec = FUSED_MODULES[kernel]
+        out.append(f"\n\nclass {spec.name}(meshplan.zoo.models.{spec.base}):\n"
+                   f'    """{spec.base} with ``{spec.signature.split("(")[0]}`` through the generated ``{kernel}`` '
+                   f'kernel."""\n\n{spec.source()}')
     return out

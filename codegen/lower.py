@@ -2,7 +2,8 @@
 
     BuildMesh                     [("pp", pp)] ("dp", dp) [("dp_shard", 1)] [("cp", cp)] ("tp", tp)
     FlattenMesh                   dp x cp as one axis "dp_cp", when cp > 1 (codegen.context)
-    FuseKernel(layers.i.mlp)      generated fused kernels, with lower(plan, fuse=True) (codegen.fused)
+    FuseKernel(layers.i[.mlp])    generated fused kernels, with lower(plan, fuse=True) (codegen.fused);
+                                  the header names the recorded fusions the plan's parallelism rules out
     SplitPipeline                 pipeline stages first, when pp > 1 (codegen.pipeline_lower)
     TensorParallel(root)          embedding, final norm, output head
     TensorParallel(layers.i)      attention and MLP of each block
@@ -56,7 +57,7 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     if plan.mesh.pp > 1:
         steps = pipeline_lower.pipelined(plan, steps)  # SplitPipeline first; see pipeline_lower
     return Program(
-        plan_summary=plan.summary(), header=_header(plan), model_config=tuple(plan.model.items()),
+        plan_summary=plan.summary(), header=_header(plan) + (fused.skipped(plan) if fuse else ()), model_config=tuple(plan.model.items()),
         global_batch=plan.global_batch, seq_len=plan.seq_len, micro_batch_size=plan.micro_batch_size,
         num_microbatches=plan.num_microbatches, dp_size=dp, dp_axis=hybrid.data_axis(plan, "dp"),
         # ZeRO-2/3 reduce-scatter after every micro-batch so that no full gradient is ever held;

@@ -10,6 +10,7 @@ as a value (``Cluster``), nothing here queries a device, torch or the environmen
     collectives.py   NCCL collective time on the tiers a group crosses (nccl-tests busbw)
     memory.py        ZeRO model states, activations per layer (Korthikanti sec. 4)
     layer_cost.py    one layer's forward/backward time on one GPU, with TP/EP/CP traffic
+    fusion.py        memory traffic the fused kernels of plan.fusions save in a layer
     pipeline.py      stages per pipeline rank, bubble, micro-batches in flight
     data_parallel.py DP/ZeRO traffic and overlap, the optimizer step
     footprint.py     peak memory per GPU
@@ -22,6 +23,7 @@ from .estimate import check_plan, estimate, memory_breakdown
 from .flops import (attention_core_flops, hardware_flops_per_step, layer_matmul_params, layer_params,
                     model_flops_per_step, recompute_flops_per_step)
 from .footprint import ALLOCATOR_FRACTION, rank_memory
+from .fusion import FUSED_TRAFFIC, fusion_saving, worthwhile
 from .hardware import BUS_EFFICIENCY, Accelerator, Cluster, Tier, TierKind
 from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, matmul_time_s, memory_time_s, plain_attention_fwd_bwd_s
 from .layer_cost import LayerCost, LayerShape, layer_cost
@@ -34,12 +36,13 @@ from .summary import ModelSummary, summary_of
 
 __all__ = [
     "ALLOCATOR_FRACTION", "Accelerator", "BUS_EFFICIENCY", "Cluster", "Collective", "DEFAULT_SOFTWARE", "LayerCost",
-    "LayerShape", "ModelSummary", "SOFTWARE", "Software", "Tier", "TierKind", "activation_units",
+    "FUSED_TRAFFIC", "LayerShape", "ModelSummary", "SOFTWARE", "Software", "Tier", "TierKind", "activation_units",
     "attention_core_flops", "attention_fwd_bwd_s", "bubble_s", "bus_bytes", "check_plan", "cluster_from_dict",
     "cluster_from_profile", "collective_time", "data_parallel_cost", "estimate", "flat_collective_time",
-    "group_phases", "hardware_flops_per_step", "inflight_microbatches", "layer_activation_bytes", "layer_cost",
+    "fusion_saving", "group_phases", "hardware_flops_per_step", "inflight_microbatches", "layer_activation_bytes",
+    "layer_cost",
     "layer_matmul_params", "layer_params", "load_profile", "logits_bytes", "matmul_fwd_bwd_s", "matmul_time_s",
     "memory_breakdown", "memory_time_s", "model_flops_per_step", "optimizer_step_s", "parse_cluster",
     "plain_attention_fwd_bwd_s", "preset_data", "preset_names", "rank_layers", "rank_memory",
-    "recompute_flops_per_step", "software_named", "state_bytes", "summary_of",
+    "recompute_flops_per_step", "software_named", "state_bytes", "summary_of", "worthwhile",
 ]

@@ -159,7 +159,8 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     check_plan(dims, cluster, plan)
     mesh, m = plan.mesh, plan.num_microbatches
     shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
-                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype, software=software)
+                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype, software=software,
+                       fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
     ranks = rank_layers(plan, dims.layers)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)

@@ -45,6 +45,7 @@ from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
 from .hardware import Cluster, TierKind
 from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s
+from .fusion import fusion_saving
 from .memory import ACTIVATION_BYTES
 from .software import DEFAULT, Software
 
@@ -62,6 +63,7 @@ class LayerShape:
     sp: bool = False
     dtype: str = "bfloat16"
     software: Software = DEFAULT
+    fusions: tuple[str, ...] = ()  # plan.fusions: fused kernels replace some memory-bound ops (fusion.py)
 
     @property
     def tokens(self) -> float:
@@ -170,8 +172,9 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     mm_f, mm_b = matmul_s(shape, cluster)
     core_f, core_b = core_s(shape, cluster)
     moved, kernels = elementwise_fwd(shape)
-    mem_f = memory_time_s(accel, moved, kernels)
-    mem_b = memory_time_s(accel, 2 * moved, 2 * kernels)
+    fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
+    mem_f = memory_time_s(accel, moved - fused.fwd_bytes, kernels - fused.fwd_kernels)
+    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes, 2 * kernels - fused.bwd_kernels)
     ops = dispatch_s(shape, cluster)  # a third forward, two thirds backward (grad input and weight)
     return mm_f + core_f + mem_f + ops / 3, mm_b + core_b + mem_b + 2 * ops / 3, core_f, mm_f, mm_b
 

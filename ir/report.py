@@ -31,6 +31,8 @@ def report(plan: Plan) -> str:
     lines.append(_row("recompute", ", ".join(f"{n} {r}" for r, n in counts.items()) or "none", "layers"))
     if plan.mesh.pp > 1:
         lines.append(_row("pipeline", f"{plan.schedule}", f"stages {list(plan.stages)}"))
+    if plan.fusions:
+        lines.append(_row("fused kernels", str(len(plan.fusions)), f"{', '.join(plan.fusions)}: {_fusion_note(plan)}"))
     pred = plan.prediction
     if pred is not None:
         lines += ["", "time per step"] + _time_rows(pred) + ["", "memory per GPU (the most loaded)"]
@@ -67,6 +69,15 @@ def _memory_rows(pred) -> list[str]:
     note = f"of {limit / GB:.1f} GB ({pred.peak_memory_bytes / limit:.0%})" if limit else ""
     rows.append(_row("peak", _bytes(pred.peak_memory_bytes), note))
     return rows
+
+
+def _fusion_note(plan: Plan) -> str:
+    """The saving the prediction counts (the unfused program is an alternative), and how to get it."""
+    unfused = next((a for a in (plan.solver.alternatives if plan.solver else ()) if a.get("fuse") is False), None)
+    how = "with --fuse / apply(fuse=True)"
+    if unfused is None or plan.prediction is None:
+        return how
+    return f"save {(unfused['step_time_s'] - plan.prediction.step_time_s) * 1e3:.1f} ms/step {how}"
 
 
 def _axis_note(plan: Plan, axis: str) -> str:

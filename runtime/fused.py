@@ -12,9 +12,11 @@ import hashlib
 import importlib.util
 import os
 import sys
+import textwrap
 from pathlib import Path
 from types import ModuleType
 
+import torch
 from torch import nn
 
 from ..codegen.fused import FUSED_MODULES
@@ -52,18 +54,19 @@ def load_kernels(kernels: tuple[str, ...]) -> ModuleType:
 @functools.cache
 def fused_class(kernel: str, base: type) -> type:
     """The subclass of ``base`` (the zoo class ``FUSED_MODULES`` names; the runtime takes it from the
-    model, not the zoo) whose forward runs ``kernel``, as the emitted script defines it."""
-    _, base_name, name, body = FUSED_MODULES[kernel]
-    namespace: dict = {"kernels": load_kernels((kernel,))}
-    exec(f"def forward(self, x):\n    {body}\n", namespace)  # the emitted script's forward, verbatim
-    return type(name, (base,), {"forward": namespace["forward"], "__module__": __name__,
-                                "__doc__": f"{base_name} with its forward through the generated {kernel} kernel."})
+    model, not the zoo) whose method runs ``kernel``, as the emitted script defines it."""
+    spec = FUSED_MODULES[kernel]
+    namespace: dict = {"kernels": load_kernels((kernel,)), "torch": torch}
+    exec(textwrap.dedent(spec.source()), namespace)  # the emitted script's method, verbatim
+    method = spec.signature.split("(")[0]
+    return type(spec.name, (base,), {method: namespace[method], "__module__": __name__,
+                                     "__doc__": f"{spec.base} with {method} through the generated {kernel} kernel."})
 
 
 def fuse_kernel(step: FuseKernel, state) -> None:
     """Swap the class of ``step.module`` for its fused subclass (parameters and submodules stay)."""
     module: nn.Module = state.get(step.module)
-    base_name = FUSED_MODULES[step.kernel][1]
+    base_name = FUSED_MODULES[step.kernel].base
     if type(module).__name__ != base_name:
         raise InvalidPlanError(f"FuseKernel({step.module}, {step.kernel}) needs a {base_name}, "
                                f"found {type(module).__name__}")

@@ -171,8 +171,15 @@ class Block(nn.Module):
         self.mlp = {"gpt": GeluMLP, "llama": SwiGLU, "moe": MoE}[cfg.family](cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        x, h = self.residual_norm(x, self.attn(self.attn_norm(x)))
+        return x + self.mlp(h)
+
+    def residual_norm(self, x: torch.Tensor, attn_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention output added to the stream, and the sum normalized for the MLP: (sum, mlp_norm(sum)).
+        One method, so that a fused kernel can replace both with one pass (``codegen.fused``: add_rmsnorm,
+        add_layernorm); parameters stay where they are (``mlp_norm.weight``)."""
+        x = x + attn_out  # (b, s, h)
+        return x, self.mlp_norm(x)
 
 
 class Transformer(nn.Module):

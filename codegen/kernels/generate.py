@@ -52,7 +52,10 @@ INTERPRETER_RULES = BlockRules(elementwise_block=65536, row_tile_elements=65536,
 _HELPERS = '''
 def _prepare(op, specs):
     """Tensors of ``specs`` ((name, tensor, is_vector), ...) made contiguous, after checking that the
-    full ones share one shape and each vector spans its last dim; with that shape and last dim."""
+    full ones share one shape and each vector spans its last dim; with that shape and last dim. A kernel
+    reads memory directly, so a collective's output not yet waited for (torch's AsyncCollectiveTensor,
+    what RowwiseParallel's reduction returns) is waited for first."""
+    specs = [(name, t.trigger_wait() if hasattr(t, "trigger_wait") else t, vector) for name, t, vector in specs]
     full = [(name, t) for name, t, vector in specs if not vector]
     first, ref = full[0]
     for name, t in full[1:]:
