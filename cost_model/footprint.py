@@ -6,7 +6,8 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
     activations                  sum over its layers of the per-layer bytes x micro-batches in flight
                                  (pipeline.inflight_microbatches), plus one layer rematerialized
                                  during the backward when it recomputes, plus on the last rank the
-                                 logits and loss of one micro-batch (all of them under GPipe)
+                                 logits and loss of one micro-batch (all of them under GPipe): whole
+                                 on every TP rank unless the program's loss is vocab-parallel
     buffers                      communication buffers (TP gather outputs, pipeline send/recv,
                                  expert all-to-all, ring-attention K/V, FSDP unsharded layers), the
                                  optimizer step's temporaries where they exceed the freed
@@ -45,8 +46,12 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     elif layers.selective:
         total += per["none"] - per["selective"]
     if layers.last:
-        kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=mesh.tp,
-                                       cp=mesh.cp, dtype=plan.dtype)
+        whole = mesh.tp > 1 and not software.vocab_parallel_loss  # every TP rank gathers all the logits
+        kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size,
+                                       tp=1 if whole else mesh.tp, cp=mesh.cp, dtype=plan.dtype)
+        if whole:  # and keeps its own V/tp shard of them, the gather's input, with its gradient
+            shard = plan.seq_len / mesh.cp * plan.micro_batch_size * d.vocab / mesh.tp
+            kept, transient = kept + shard * ACTIVATION_BYTES[plan.dtype], transient + shard * 4.0
         held = plan.num_microbatches if plan.schedule == Schedule.GPIPE and mesh.pp > 1 else 1
         total += held * kept + transient
     return total

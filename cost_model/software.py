@@ -46,6 +46,10 @@ Fields:
   ``foreach_reduce`` packs the gradients with ``chunk_cat`` before the reduce-scatter, because each
   parameter is sharded on its own dim 0); else the parameters are views into the flat buffer
   (DeepSpeed ZeRO-3's partitioned parameters).
+* ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
+  ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
+  each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
+  on the output head, ``codegen/tp_plans.py``), holding V, not V/tp, logits per token.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -77,6 +81,7 @@ class Software:
     zero3_flat: bool = False
     zero3_regather_recompute: bool = False
     zero_copy_buffers: bool = False
+    vocab_parallel_loss: bool = True
     overlap_slowdown: float = 0.189
 
     def __post_init__(self) -> None:
@@ -93,7 +98,7 @@ class Software:
 # reductions with the backward and FSDP2 prefetches the next layer (and copies parameters out of,
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
 # (runtime/planned.py).
-DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True)
+DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout
