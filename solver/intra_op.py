@@ -388,7 +388,7 @@ def block_problem(graph: Graph, kind: str, *, tp: int, cluster: Cluster, micro_b
     c = _Ctx(cluster=cluster, tp=tp, sp=sp and tp > 1, batch=micro_batch, seq=seq_len, dtype=dtype,
              replicate=replicate, param_numel={p.name: p.numel for p in graph.params})
     stream = SS if c.sp else R
-    nodes = [n for n in graph.nodes_of(block) if _batched(n.outputs[0].shape) if n.outputs]
+    nodes = [n for n in graph.nodes_of(block) if n.outputs and _batched(n.outputs[0].shape)]
     inside = {n.name for n in nodes}
     index: dict[str, int] = {}
     ops: list[Op] = []
