@@ -11,7 +11,8 @@ ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
          + m * v * 2 * send_recv(b*s*h)       pipeline activations forward and gradients backward,
                                               exposed per micro-batch (Narayanan 2021 sec. 4.1)
          + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
-         + optimizer step                     data_parallel.optimizer_step_s, reported in "compute"
+         + optimizer step                     data_parallel.optimizer_step_s, reported in "compute",
+                                              plus its eager ops' dispatch (dispatch.py; 0 on GPUs)
 
 ``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. When CPU ranks
 oversubscribe the cores (``Accelerator.shared_by`` > 1), a pipeline rank that waits lends its core
@@ -34,6 +35,7 @@ from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction
 from .collectives import collective_time
 from .data_parallel import DataParallelCost, data_parallel_cost, optimizer_step_s, rank_params
+from .dispatch import optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
 from .footprint import peak_memory
 from .hardware import Cluster
@@ -99,6 +101,15 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)
     opt = optimizer_step_s(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage,
                            zero_group=plan.zero_group)
+    opt += optimizer_dispatch_s(summary.dims, cluster, layers=n, first=layers.first, last=layers.last,
+                                tp=plan.mesh.tp, sp=plan.sequence_parallel, zero_stage=plan.zero_stage,
+                                dp=plan.mesh.dp * plan.mesh.cp)  # the single-tensor AdamW's ops (dispatch.py)
+    partial = partial_grad_allreduces(summary.dims, layers=n, last=layers.last, tp=plan.mesh.tp,
+                                      sp=plan.sequence_parallel) if runs_dtensor_styles(software) else 0
+    if partial:  # SP norms' Partial gradients, all-reduced by each AdamW op that reads them (dispatch.py)
+        norm_bytes = summary.dims.hidden * ACTIVATION_BYTES[plan.dtype]
+        opt += partial * (collective_time("all-reduce", norm_bytes, plan.mesh.tp, 1, cluster)
+                          + cluster.accelerator.sync_overhead_s)
     return RankTime(compute_s=fwd + bwd + dp.compute_per_microbatch_s, comm_s=comm + dp.per_microbatch_s,
                     optimizer_s=opt + dp.compute_per_step_s, dp=dp,
                     tp_cp_ep_bytes=moved)

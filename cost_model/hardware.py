@@ -34,6 +34,9 @@ from enum import StrEnum
 from ..ir.errors import InvalidClusterError
 
 DTYPES = ("float32", "bfloat16", "float16", "float8")
+# elementwise ops whose time a CPU profile measures (tanh and exp bound them, not memory): the forward
+# and backward of GELU (tanh approximation) and of log-softmax (the cross-entropy's)
+TRANSCENDENTAL_OPS = ("gelu", "gelu_backward", "log_softmax", "log_softmax_backward")
 
 
 class TierKind(StrEnum):
@@ -80,9 +83,12 @@ class Accelerator:
     shared_by: float = 1.0  # ranks per core when CPU processes oversubscribe the cores (a profile's P / C)
     # measured on CPU profiles only (cost_model/profile.py); the defaults leave GPU presets as they are:
     matmul_bwd_efficiency: float = 1.0  # the gradient GEMMs' (transposed layouts) rate over the forward's
-    op_overhead_s: float = 0.0  # framework cost of one eager autograd op, forward + backward (dispatch)
-    dtensor_op_overhead_s: float = 0.0  # the same for a DTensor op (tensor parallelism)
+    dispatch_s: float = 0.0  # framework cost of one aten op dispatched eagerly, with its autograd share
+    dtensor_dispatch_s: float = 0.0  # the same for an op on DTensors (sharding propagation, wrapping)
     sync_overhead_s: float = 0.0  # a TP collective's cost after compute beyond its time among ranks in step
+    # measured seconds per element of the elementwise ops that are compute-bound on a CPU core (tanh,
+    # exp): (op, s) with op in TRANSCENDENTAL_OPS; empty: every elementwise op is memory-bound
+    transcendental_s_per_elem: tuple[tuple[str, float], ...] = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,9 +117,14 @@ class Accelerator:
             raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
         if not 0 < self.matmul_bwd_efficiency <= 4:
             raise InvalidClusterError(f"{who}: matmul_bwd_efficiency must be in (0, 4], got {self.matmul_bwd_efficiency!r}")
-        for name in ("op_overhead_s", "dtensor_op_overhead_s", "sync_overhead_s"):
+        for name in ("dispatch_s", "dtensor_dispatch_s", "sync_overhead_s"):
             if not getattr(self, name) >= 0:
                 raise InvalidClusterError(f"{who}: {name} must be >= 0, got {getattr(self, name)!r}")
+        object.__setattr__(self, "transcendental_s_per_elem", tuple(tuple(r) for r in self.transcendental_s_per_elem))
+        for op, per_elem_s in self.transcendental_s_per_elem:
+            if op not in TRANSCENDENTAL_OPS or not per_elem_s > 0:
+                raise InvalidClusterError(f"{who}: transcendental_s_per_elem needs ops among {TRANSCENDENTAL_OPS} "
+                                          f"with positive seconds, got ({op!r}, {per_elem_s!r})")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -121,8 +132,8 @@ class Accelerator:
             self.name, tuple(sorted(self.peak_flops.items())), tuple(sorted(self.matmul_efficiency.items())),
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
             self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
-            self.shared_by, self.matmul_bwd_efficiency, self.op_overhead_s, self.dtensor_op_overhead_s,
-            self.sync_overhead_s)))
+            self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
+            self.sync_overhead_s, self.transcendental_s_per_elem)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -141,6 +152,11 @@ class Accelerator:
 
     def achievable_flops(self, dtype: str) -> float:
         return self.peak(dtype) * self.matmul_efficiency[dtype]
+
+    def transcendental_s(self, op: str, elems: float) -> float | None:
+        """Measured seconds of ``op`` over ``elems`` elements, or None where it was not measured."""
+        rate = dict(self.transcendental_s_per_elem).get(op)
+        return None if rate is None else rate * elems
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,12 @@ Fused attention (FlashAttention, Dao 2023; PyTorch SDPA) runs at ``attention_eff
 and skips the masked half of a causal score matrix; its backward does 5 matmuls to the forward's 2
 (it recomputes the scores), hence 2.5x the forward time.
 
+Elementwise ops are memory-bound (``memory_time_s``), except on a CPU core those that evaluate tanh
+or exp per element: GELU's tanh approximation and the cross-entropy's log-softmax, forward and
+backward, run below the memory rate there. A CPU profile measures each over a tensor larger than the
+caches (``runtime/calibrate.py``), and ``transcendental_excess_s`` adds what that rate costs beyond
+the memory-bound time.
+
 Plain attention (Megatron-LM's ``CoreAttention`` before FlashAttention) writes the scores: per head
 ``S = Q K^T`` is a batched matmul ``(s, d) @ (d, s)`` whose s^2 output goes to memory, a fused
 scale-mask-softmax reads and writes it (4 bytes per score at 2-byte elements), an attention dropout
@@ -71,6 +77,16 @@ def matmul_fwd_bwd_s(accel: Accelerator, dtype: str, m: float, n: float, k: floa
 def memory_time_s(accel: Accelerator, moved_bytes: float, kernels: int) -> float:
     """Elementwise/normalization kernels that read and write ``moved_bytes`` in total."""
     return moved_bytes / (accel.memory_bw_Bps * accel.memory_efficiency) + kernels * accel.kernel_overhead_s
+
+
+def transcendental_excess_s(accel: Accelerator, op: str, elems: float, moved_bytes: float) -> float:
+    """Seconds ``op`` (``hardware.TRANSCENDENTAL_OPS``) over ``elems`` elements takes at its measured
+    rate beyond the memory-bound time of its ``moved_bytes``; 0 where the accelerator did not measure
+    it (GPU presets: memory bounds every elementwise op there)."""
+    measured = accel.transcendental_s(op, elems)
+    if measured is None:
+        return 0.0
+    return max(0.0, measured - moved_bytes / (accel.memory_bw_Bps * accel.memory_efficiency))
 
 
 def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: float, q_len: float, kv_len: float,

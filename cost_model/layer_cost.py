@@ -3,7 +3,9 @@
 Per GPU a layer sees m = b * s / cp tokens and 1/tp of every matmul (Megatron-LM's column- then
 row-parallel split, Shoeybi et al. 2019): the matmuls of ``layer_matmuls`` are timed with the
 roofline of ``kernels.py``; the attention core with the fused-attention rate; the rest (norms,
-residual adds, activations, rotary, copies) is memory-bound. Under TP without sequence parallelism
+residual adds, activations, rotary, copies) is memory-bound, except GELU on a CPU profile that
+measured its rate (``kernels.transcendental_excess_s``). The framework's cost of each eager op the
+runtime dispatches is ``dispatch.py``'s (0 on GPU presets). Under TP without sequence parallelism
 those memory-bound ops run on the full (m, h) activation on every rank; with SP on 1/tp of it.
 The backward of a memory-bound op reads the saved input and the output gradient and writes the
 input gradient: 2x the forward's bytes.
@@ -13,8 +15,10 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
 
 * TP: 2 all-reduces of m*h per forward and 2 per backward (Narayanan 2021 sec. 3.2); with SP each
   becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022 sec. 4.2.2).
-  Group: tp ranks, stride 1. Megatron keeps only the sequence-sharded input of the two column-parallel
-  GEMMs (that is SP's memory saving) and all-gathers it again in the backward for their weight
+  Group: tp ranks, stride 1. A program with DTensor's per-Linear styles (meshplan's runtime,
+  ``dispatch.runs_dtensor_styles``) all-reduces the input gradient of each column-parallel Linear
+  without SP: q, k, v and fc1, 4 per GPT backward instead of 2. Megatron keeps only the
+  sequence-sharded input of the two column-parallel GEMMs (that is SP's memory saving) and all-gathers it again in the backward for their weight
   gradients (``Software.sp_regather``; Megatron-LM's ``LinearWithGradAccumulationAndAsync...``): 2
   more all-gathers per backward. Korthikanti Table 4 shows it: SP saves 0.5 ms of the 22B layer's
   forward but only 0.1 ms of its backward.
@@ -44,7 +48,10 @@ from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
 from .hardware import Cluster, TierKind
-from .kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s
+from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
+                       runs_dtensor_styles)
+from .kernels import (attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s,
+                      transcendental_excess_s)
 from .fusion import fusion_saving
 from .memory import ACTIVATION_BYTES
 from .software import DEFAULT, Software
@@ -121,28 +128,11 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
-def layer_ops(shape: LayerShape) -> tuple[int, int]:
-    """(plain eager ops, DTensor ops) one layer's forward dispatches in meshplan's runtime, each with
-    its autograd backward. GPT: 2 LayerNorms, 6 Linears, 3 views and 3 transposes of q/k/v, SDPA,
-    the output transpose and reshape, GELU, 2 residual adds (20). Llama/MoE add RMSNorm's ~4 ops
-    each, rotary (~6 per q and k), SwiGLU's product. Under TP the Linears are DTensor ops, plus the
-    from_local/to_local at each of the 2 parallel regions' ends; with SP the norms and the
-    redistributions around them too."""
-    d = shape.dims
-    linears = 6 if d.family == "gpt" else 7
-    ops = 20 if d.family == "gpt" else 20 + 6 + 12 + 2
-    if shape.tp == 1:
-        return ops, 0
-    dt = linears + 4 + (4 if shape.sp else 0)
-    return ops - linears - (2 if shape.sp else 0), dt
-
-
-def dispatch_s(shape: LayerShape, cluster: Cluster) -> float:
-    """Framework seconds (dispatch, autograd) of one layer's forward and backward: measured per op on
-    CPU profiles, 0 on GPU presets (launches run ahead of the kernels there)."""
-    accel = cluster.accelerator
-    plain, dt = layer_ops(shape)
-    return plain * accel.op_overhead_s + dt * accel.dtensor_op_overhead_s
+def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) framework seconds (dispatch, autograd) of one layer: its eager ops counted
+    from the runtime's structure, plain and on DTensors (``dispatch.py``), at the per-dispatch cost a
+    CPU profile measured; 0 on GPU presets (launches run ahead of the kernels there)."""
+    return dispatches_s(layer_dispatches(shape.dims, shape.tp, shape.sp), cluster)
 
 
 def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
@@ -175,8 +165,12 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
     mem_f = memory_time_s(accel, moved - fused.fwd_bytes, kernels - fused.fwd_kernels)
     mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes, 2 * kernels - fused.bwd_kernels)
-    ops = dispatch_s(shape, cluster)  # a third forward, two thirds backward (grad input and weight)
-    return mm_f + core_f + mem_f + ops / 3, mm_b + core_b + mem_b + 2 * ops / 3, core_f, mm_f, mm_b
+    ops_f, ops_b = dispatch_s(shape, cluster)
+    if shape.dims.family == "gpt":  # GELU (tanh) at its measured rate where tanh, not memory, bounds it (CPUs)
+        ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp
+        mem_f += transcendental_excess_s(accel, "gelu", ffn, 2 * ffn * ACTIVATION_BYTES[shape.dtype])
+        mem_b += transcendental_excess_s(accel, "gelu_backward", ffn, 4 * ffn * ACTIVATION_BYTES[shape.dtype])
+    return mm_f + core_f + mem_f + ops_f, mm_b + core_b + mem_b + ops_b, core_f, mm_f, mm_b
 
 
 def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
@@ -193,6 +187,12 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
         tp_s += (4 if shape.sp else 2) * cluster.accelerator.sync_overhead_s
     tp_fwd_s = tp_bwd_s = tp_s
     tp_bwd_b = tp_b
+    if tp > 1 and not shape.sp and runs_dtensor_styles(shape.software) and d.family in SEPARATE_INPUT_GRADS:
+        # each ColwiseParallel Linear takes its input through its own from_local: the backward
+        # all-reduces every one's input gradient (q, k, v, fc1), not one per sublayer as Megatron's f
+        more = SEPARATE_INPUT_GRADS[d.family]
+        tp_bwd_s += more * (collective_time("all-reduce", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
+        tp_bwd_b += more * bus_bytes("all-reduce", act, tp)
     if shape.sp and shape.software.sp_regather:  # the attention and MLP inputs, gathered again
         tp_bwd_s += 2 * (collective_time("all-gather", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
@@ -232,34 +232,49 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
     """The embedding (first pipeline rank) and the output layer with the loss (last rank).
 
     Embedding: a gather of m rows (plus the position add for GPT), vocab-parallel under TP, so its
-    output is all-reduced (reduce-scattered with SP). Output: the final norm, the logits matmul
-    ``(m, h) @ (h, V/tp)``, and a cross-entropy in fp32 that reads and writes about 18 bytes per
-    logit forward (bf16 read, fp32 upcast, log-softmax) and as many backward; under TP the hidden
-    state is all-gathered (SP) or its gradient all-reduced.
+    output is all-reduced (reduce-scattered with SP; meshplan's runtime all-reduces GPT's and cuts
+    it after the position add). Output: the final norm, the logits matmul ``(m, h) @ (h, V/tp)``,
+    and a cross-entropy in fp32 that reads and writes about 18 bytes per logit forward (bf16 read,
+    fp32 upcast, log-softmax) and as many backward, or at the measured log-softmax rate where that
+    is slower (CPUs); under TP the hidden state is all-gathered (SP) or its gradient all-reduced.
+    Megatron's cross-entropy is vocab-parallel (V/tp logits per rank); meshplan's runtime gathers the
+    logits (``codegen/tp_plans.py``: the output head is ColwiseParallel with output R): an all-gather
+    of the m*V logits and the concatenation of the gathered shards forward, and the full-vocabulary
+    loss on every rank; with SP the hidden state's all-gather forward and reduce-scatter backward.
     """
     accel, d, ab, tp = cluster.accelerator, shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp
     m, act = shape.tokens, shape.tokens * shape.dims.hidden * ab
     whole = act / (tp if shape.sp else 1)
-    kind = "reduce-scatter" if shape.sp else "all-reduce"
+    runtime = tp > 1 and runs_dtensor_styles(shape.software)
+    kind = "reduce-scatter" if shape.sp and not (runtime and d.family == "gpt") else "all-reduce"
+    sync = accel.sync_overhead_s if tp > 1 else 0.0
     fwd = bwd = comm_f = comm_b = 0.0
     tp_bytes = 0.0
     if first:
         moved = (3 if d.family == "gpt" else 2) * act
         fwd += memory_time_s(accel, moved, 2)
         bwd += memory_time_s(accel, 2 * moved, 2)
-        comm_f += collective_time(kind, act, tp, 1, cluster) + (accel.sync_overhead_s if tp > 1 else 0.0)
+        comm_f += collective_time(kind, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(kind, act, tp)
     if last:
         f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
-        logits = m * d.vocab / tp
+        logits = m * d.vocab / (1 if runtime else tp)  # the loss's: gathered by the runtime
         norm = (4 if d.family == "gpt" else 8) * whole
         fwd += f + memory_time_s(accel, 18 * logits + norm, 6)
         bwd += b + memory_time_s(accel, 18 * logits + 2 * norm, 8)
+        fwd += transcendental_excess_s(accel, "log_softmax", logits, 2 * 4 * logits)  # fp32 r + w
+        bwd += transcendental_excess_s(accel, "log_softmax_backward", logits, 3 * 4 * logits)
         gather = "all-gather" if shape.sp else "all-reduce"
-        comm_b += collective_time(gather, act, tp, 1, cluster) + (accel.sync_overhead_s if tp > 1 else 0.0)
+        comm_b += collective_time(gather, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(gather, act, tp)
-    ops = (3 if first else 0) + (5 if last else 0)  # gathers, position add; norm, logits, loss
-    ops_s = ops * (accel.dtensor_op_overhead_s if tp > 1 else accel.op_overhead_s)
-    fwd, bwd = fwd + ops_s / 3, bwd + 2 * ops_s / 3
+        if runtime:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
+            comm_f += collective_time("all-gather", logits * ab, tp, 1, cluster) + sync
+            fwd += memory_time_s(accel, 2 * logits * ab, 1)
+            tp_bytes += bus_bytes("all-gather", logits * ab, tp)
+        if runtime and shape.sp:  # the hidden state S(1) -> R forward; its gradient reduce-scattered
+            comm_f += collective_time("all-gather", act, tp, 1, cluster) + sync
+            tp_bytes += bus_bytes("all-gather", act, tp)
+    ops_f, ops_b = dispatches_s(edge_dispatches(d, tp, shape.sp, first=first, last=last), cluster)
+    fwd, bwd = fwd + ops_f, bwd + ops_b
     return LayerCost(fwd_compute_s=fwd, bwd_compute_s=bwd, core_fwd_s=0.0, fwd_comm_s=comm_f, bwd_comm_s=comm_b,
                      comm_bytes_fwd={"tp": tp_bytes}, comm_bytes_bwd={})

@@ -13,8 +13,11 @@ better fit needs no re-measurement::
     matmul_backward  optional [{m, n, k, seconds}]: both gradient matmuls of (m, k) @ (k, n) in
                      nn.Linear's layout (dY @ W and dY^T @ X), median over the ranks
     small_op_s       one tiny elementwise op: the fixed cost per kernel (dispatch)
-    op_overhead      optional {plain_s, dtensor_s}: one tiny autograd op, forward and backward,
-                     plain and as a DTensor op (the framework's cost per op of a layer)
+    op_overhead      optional {plain_s, dtensor_s, plain_dispatches, dtensor_dispatches}: one tiny
+                     autograd op of a chain, forward and backward, plain and as a DTensor op, and the
+                     aten ops it dispatches (counted; the counts are absent in older profiles)
+    transcendental   optional [{op, elements, seconds}]: GELU (tanh) and log-softmax, forward and
+                     backward (``hardware.TRANSCENDENTAL_OPS``), over a tensor past the caches
     attention        {batch_heads, seq_len, head_dim, seconds}: causal SDPA forward
     process_rss_bytes  resident memory of a rank after start-up: never usable by tensors
     collectives      {kind: [{group_size, bytes, seconds}]}: groups of consecutive ranks, all
@@ -28,8 +31,11 @@ Fits (least squares on relative error, so small and large sizes weigh alike):
   in a cache that the activations of a training step do not fit;
 * matmul_backward: the same fit at twice the FLOPs and two per-op costs -> ``matmul_bwd_efficiency``
   = its peak over the forward's (1 when absent);
-* op_overhead -> ``op_overhead_s`` and ``dtensor_op_overhead_s`` (0 when absent), charged per op of
-  a layer (``layer_cost.layer_ops``);
+* op_overhead -> ``dispatch_s`` and ``dtensor_dispatch_s`` = the op's time over the ops it dispatches
+  (``CHAIN_DISPATCHES``, 6, where the profile lacks the count; 0 when absent), charged per op the
+  runtime dispatches (``dispatch.py``: counted from the program's structure);
+* transcendental -> ``transcendental_s_per_elem`` = seconds / elements per op (none when absent: all
+  elementwise ops memory-bound), used for GELU and the loss's log-softmax (``kernels.py``);
 * sync_after_compute (optional {group_size, bytes, compute_s, seconds}: a matmul, then an all-reduce
   as DTensor issues it) -> ``sync_overhead_s`` = seconds - compute_s - the fitted all-reduce time
   (>= 0; 0 when absent), charged per tensor-parallel collective call (``layer_cost``);
@@ -52,9 +58,12 @@ from typing import Any
 
 from ..ir.errors import InvalidClusterError
 from .collectives import Collective, bus_bytes, collective_time
-from .hardware import DTYPES, Accelerator, Cluster, Tier, TierKind
+from .hardware import DTYPES, TRANSCENDENTAL_OPS, Accelerator, Cluster, Tier, TierKind
 
 SCHEMA = "meshplan.profile/1"  # runtime/calibrate.py writes the same string
+# aten ops calibrate's chain op dispatches, forward and backward: mm; mm, mm, t, t and the add that
+# accumulates W's gradient (runtime/calibrate.py counts them since; profiles written before lack the count)
+CHAIN_DISPATCHES = 6
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
@@ -132,16 +141,43 @@ def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
     if "matmul_backward" in data:  # optional: profiles written before it lack it
         grads = [{**r, "m": 2 * r["m"]} for r in _points(data, "matmul_backward", ("m", "n", "k", "seconds"), where)]
         bwd_eff = min(4.0, max(0.05, _matmul_peak(grads, 2 * overhead, where) / peak))
-    op_s = dtensor_s = 0.0
-    if "op_overhead" in data:
-        ops = _field(data, "op_overhead", dict, where)
-        op_s, dtensor_s = (_positive(ops, k, f"{where}: op_overhead") for k in ("plain_s", "dtensor_s"))
+    dispatch_s, dtensor_s = _dispatch_costs(data, where)
     return Accelerator(name=f"{machine['kind']} ({processes} processes)", peak_flops={dtype: peak},
                        matmul_efficiency={dtype: 1.0}, memory_bytes=memory, reserved_bytes=reserved,
                        memory_bw_Bps=bandwidth, memory_efficiency=1.0, attention_efficiency=attention_eff,
                        kernel_overhead_s=overhead, compute_units=1, matmul_tile_elems=1,
                        shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")),
-                       matmul_bwd_efficiency=bwd_eff, op_overhead_s=op_s, dtensor_op_overhead_s=dtensor_s)
+                       matmul_bwd_efficiency=bwd_eff, dispatch_s=dispatch_s, dtensor_dispatch_s=dtensor_s,
+                       transcendental_s_per_elem=_transcendental(data, where))
+
+
+def _dispatch_costs(data: dict[str, Any], where: str) -> tuple[float, float]:
+    """(plain, DTensor) seconds per dispatched op: the chain op's time over the ops it dispatches."""
+    if "op_overhead" not in data:
+        return 0.0, 0.0
+    ops = _field(data, "op_overhead", dict, where)
+    at = f"{where}: op_overhead"
+    plain_s, dtensor_s = (_positive(ops, k, at) for k in ("plain_s", "dtensor_s"))
+    per_op = [_positive(ops, k, at) if k in ops else CHAIN_DISPATCHES for k in ("plain_dispatches", "dtensor_dispatches")]
+    return plain_s / per_op[0], dtensor_s / per_op[1]
+
+
+def _transcendental(data: dict[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    """(op, seconds per element) of each op measured; () for profiles written before them."""
+    if "transcendental" not in data:
+        return ()
+    rows = data["transcendental"]
+    if not isinstance(rows, list) or not rows:
+        raise InvalidClusterError(f"{where}: transcendental must be a non-empty list of {{op, elements, seconds}}, "
+                                  f"got {rows!r}")
+    out = []
+    for i, row in enumerate(rows):
+        at = f"{where}: transcendental[{i}]"
+        op = row.get("op") if isinstance(row, dict) else None
+        if op not in TRANSCENDENTAL_OPS:
+            raise InvalidClusterError(f"{at}: op must be one of {TRANSCENDENTAL_OPS}, got {op!r}")
+        out.append((op, _positive(row, "seconds", at) / _positive(row, "elements", at)))
+    return tuple(out)
 
 
 def tier_from_profile(data: dict[str, Any], where: str, processes: int) -> Tier:

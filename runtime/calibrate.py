@@ -10,12 +10,17 @@ ranks has. Each rank times, median of a few repetitions:
   matmuls of the same shapes in nn.Linear's layout (``dY @ W``, ``dY^T @ X``);
 * a copy of a large tensor (bytes read + written), and one tiny elementwise op (the cost per op);
 * a causal scaled-dot-product attention forward;
-* one tiny autograd op, forward and backward, plain and as a DTensor op (the framework's cost per op);
+* one tiny autograd op, forward and backward, plain and as a DTensor op (the framework's cost per op),
+  and the aten ops that op dispatches (counted once with a ``TorchDispatchMode``, untimed), so that
+  the cost model prices each dispatch (``cost_model/dispatch.py``);
+* GELU (tanh) and log-softmax, forward and backward, over 2M elements (compute-bound on a CPU core:
+  tanh and exp per element), as seconds per element;
 * all-reduce, all-gather, reduce-scatter, broadcast and all-to-all over every group size that
   divides ``nproc`` (groups of consecutive ranks, all groups of a size at once), over message sizes;
   a collective's time is its slowest rank's;
-* a matmul followed by an all-reduce over the world as DTensor issues it, alone and together (what a
-  collective costs after compute, beyond its time among ranks that enter it at once).
+* a matmul followed by a small all-reduce over the world as DTensor issues it, alone and together
+  (what a collective call costs after compute, beyond its time among ranks that enter it at once:
+  on shared cores, the wait for the rank the scheduler ran last).
 
 Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
 from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
@@ -125,6 +130,7 @@ def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     dist.barrier()
     out["small_op_s"] = _timed(lambda: tiny.add(1.0), device)
     out["op_overhead"] = _op_overhead(device)
+    out["transcendental"] = _transcendental(device, dtype)
     q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype)  # (b, heads, s, head_dim)
     dist.barrier()
     out["attention"] = {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
@@ -159,7 +165,49 @@ def _op_overhead(device: torch.device) -> dict[str, float]:
     dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
     dist.barrier()
     dtensor = _timed(chain(dx, dw, lambda y: y.to_local()), device) / OP_CHAIN
-    return {"plain_s": plain, "dtensor_s": dtensor}
+    plain_ops, _ = count_dispatches(chain(x, w, lambda y: y))
+    _, dtensor_ops = count_dispatches(chain(dx, dw, lambda y: y.to_local()))
+    return {"plain_s": plain, "dtensor_s": dtensor, "plain_dispatches": plain_ops / OP_CHAIN,
+            "dtensor_dispatches": dtensor_ops / OP_CHAIN}
+
+
+def count_dispatches(fn: Callable[[], Any]) -> tuple[int, int]:
+    """(plain, DTensor) aten ops that one call of ``fn`` dispatches, forward and backward: what a
+    ``TorchDispatchMode`` sees (an op on DTensors counts once, not its local op)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = [0, 0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            counts[any(issubclass(t, DTensor) for t in types)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return counts[0], counts[1]
+
+
+TRANSCENDENTAL_SHAPE = (2048, 1024)  # 8 MiB in fp32: past the caches, as a layer's FFN activation is
+
+
+def _transcendental(device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """Seconds of the elementwise ops that evaluate tanh or exp per element (compute-bound on a CPU
+    core, unlike a copy): GELU's tanh approximation and log-softmax (the cross-entropy's), forward
+    and backward, over ``TRANSCENDENTAL_SHAPE``."""
+    x = torch.randn(*TRANSCENDENTAL_SHAPE, device=device, dtype=dtype)
+    grad = torch.randn_like(x)
+    out = torch.log_softmax(x, -1)
+    ops = {"gelu": lambda: F.gelu(x, approximate="tanh"),
+           "gelu_backward": lambda: torch.ops.aten.gelu_backward(grad, x, approximate="tanh"),
+           "log_softmax": lambda: torch.log_softmax(x, -1),
+           "log_softmax_backward": lambda: torch.ops.aten._log_softmax_backward_data(grad, out, -1, x.dtype)}
+    rows = []
+    for op, call in ops.items():
+        dist.barrier()
+        rows.append({"op": op, "elements": x.numel(), "seconds": _timed(call, device)})
+    return rows
 
 
 def _collective(kind: str, nbytes: int, group: Any, size: int, device: torch.device) -> Callable[[], Any]:
@@ -194,7 +242,7 @@ def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
     return out
 
 
-SYNC_BYTES = 4 << 20
+SYNC_BYTES = 16 << 10  # small: the call's wait, not its bandwidth, is what this measures
 
 
 def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -244,6 +292,8 @@ def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
             **({"op_overhead": {k: statistics.median(p["op_overhead"][k] for p in profiles)
                                 for k in first["op_overhead"]}}
                if all("op_overhead" in p for p in profiles) else {}),
+            **({"transcendental": median_seconds([p["transcendental"] for p in profiles])}
+               if all("transcendental" in p for p in profiles) else {}),
             "attention": {**first["attention"],
                           "seconds": statistics.median(p["attention"]["seconds"] for p in profiles)},
             "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
@@ -306,6 +356,8 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
         "matmul_backward": backward,
         "small_op_s": median_of(lambda c: c["small_op_s"]),
         "op_overhead": {k: median_of(lambda c, k=k: c["op_overhead"][k]) for k in first["op_overhead"]},
+        "transcendental": [{**row, "seconds": median_of(lambda c, i=i: c["transcendental"][i]["seconds"])}
+                           for i, row in enumerate(first["transcendental"])],
         "attention": {**first["attention"], "seconds": median_of(lambda c: c["attention"]["seconds"])},
         "process_rss_bytes": max(r["rss"] for r in ranks),
         "collectives": collectives,

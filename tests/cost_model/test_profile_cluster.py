@@ -74,15 +74,20 @@ def _broken(change) -> dict:
 
 
 BWD_PEAK, PLAIN_OP, DTENSOR_OP = 0.8 * PEAK, 12e-6, 90e-6
+PLAIN_DISPATCHES, DTENSOR_DISPATCHES = 6.0, 7.5  # aten ops one chain op dispatches (calibrate counts them)
+GELU_NS = 2.0  # seconds per element of GELU (tanh), in ns
 
 
 def with_backward_and_ops() -> dict:
     """The optional fields: both gradient matmuls of each shape at 0.8 of the forward's peak, one
-    autograd op plain and as a DTensor op."""
+    autograd op plain and as a DTensor op with the ops it dispatches, the transcendental ops."""
     data = synthetic_profile()
     data["matmul_backward"] = [{**r, "seconds": 2 * 2 * r["m"] * r["n"] * r["k"] / BWD_PEAK + 2 * OVERHEAD}
                                for r in data["matmul"]]
-    data["op_overhead"] = {"plain_s": PLAIN_OP, "dtensor_s": DTENSOR_OP}
+    data["op_overhead"] = {"plain_s": PLAIN_OP, "dtensor_s": DTENSOR_OP, "plain_dispatches": PLAIN_DISPATCHES,
+                           "dtensor_dispatches": DTENSOR_DISPATCHES}
+    data["transcendental"] = [{"op": op, "elements": 1 << 21, "seconds": (1 << 21) * GELU_NS * 1e-9 * (i + 1)}
+                              for i, op in enumerate(("gelu", "gelu_backward", "log_softmax", "log_softmax_backward"))]
     return data
 
 
@@ -90,31 +95,48 @@ def test_optional_backward_and_per_op_fields_are_fitted() -> None:
     from meshplan.cost_model.kernels import matmul_fwd_bwd_s
 
     old = cluster_from_profile(synthetic_profile()).accelerator  # profiles without them still load
-    assert old.matmul_bwd_efficiency == 1.0 and old.op_overhead_s == old.dtensor_op_overhead_s == 0.0
+    assert old.matmul_bwd_efficiency == 1.0 and old.dispatch_s == old.dtensor_dispatch_s == 0.0
+    assert old.transcendental_s_per_elem == () and old.transcendental_s("gelu", 100) is None
     accel = cluster_from_profile(with_backward_and_ops()).accelerator
     assert accel.matmul_bwd_efficiency == pytest.approx(0.8, rel=1e-6)
-    assert accel.op_overhead_s == PLAIN_OP and accel.dtensor_op_overhead_s == DTENSOR_OP
+    assert accel.dispatch_s == pytest.approx(PLAIN_OP / PLAIN_DISPATCHES)
+    assert accel.dtensor_dispatch_s == pytest.approx(DTENSOR_OP / DTENSOR_DISPATCHES)
+    assert accel.transcendental_s("gelu", 1000) == pytest.approx(1000 * GELU_NS * 1e-9)
+    assert accel.transcendental_s("log_softmax_backward", 1000) == pytest.approx(4000 * GELU_NS * 1e-9)
     assert accel.peak("float32") == pytest.approx(PEAK, rel=1e-6)  # the forward fit is untouched
     fwd, bwd = matmul_fwd_bwd_s(accel, "float32", 512, 512, 512, 4)
     assert bwd == pytest.approx(2 * fwd / 0.8, rel=1e-6)
 
 
-def test_per_op_overhead_is_charged_per_layer_and_more_under_tp(make_graph, make_gpt) -> None:
+def test_profiles_without_dispatch_counts_take_the_chain_structure() -> None:
+    from meshplan.cost_model.profile import CHAIN_DISPATCHES
+
+    data = with_backward_and_ops()
+    data["op_overhead"] = {"plain_s": PLAIN_OP, "dtensor_s": DTENSOR_OP}  # written before the counts
+    accel = cluster_from_profile(data).accelerator
+    assert accel.dispatch_s == pytest.approx(PLAIN_OP / CHAIN_DISPATCHES)
+    assert accel.dtensor_dispatch_s == pytest.approx(DTENSOR_OP / CHAIN_DISPATCHES)
+
+
+def test_dispatches_are_charged_per_op_the_layer_runs(make_graph, make_gpt) -> None:
     import dataclasses
 
-    from meshplan.cost_model.layer_cost import LayerShape, layer_cost, layer_ops
+    from meshplan.cost_model.dispatch import layer_dispatches
+    from meshplan.cost_model.layer_cost import LayerShape, layer_cost
 
     dims = make_graph(make_gpt(4, 256, 8)).dims
     base = cluster_from_profile(synthetic_profile())
     ops_only = dataclasses.replace(base, accelerator=dataclasses.replace(
-        base.accelerator, op_overhead_s=PLAIN_OP, dtensor_op_overhead_s=DTENSOR_OP))
+        base.accelerator, dispatch_s=PLAIN_OP, dtensor_dispatch_s=DTENSOR_OP))
     for tp, sp in ((1, False), (4, False), (4, True)):
         shape = LayerShape(dims=dims, micro_batch=4, seq_len=128, tp=tp, sp=sp, dtype="float32")
-        plain, dt = layer_ops(shape)
-        assert (dt == 0) == (tp == 1) and plain > 0
+        ops = layer_dispatches(dims, tp, sp)
+        assert (ops.dtensor_fwd == 0) == (tp == 1) and ops.plain_fwd > 0
         a, b = layer_cost(shape, base), layer_cost(shape, ops_only)
-        extra = (b.fwd_compute_s + b.bwd_compute_s) - (a.fwd_compute_s + a.bwd_compute_s)
-        assert extra == pytest.approx(plain * PLAIN_OP + dt * DTENSOR_OP, rel=1e-9)
+        assert b.fwd_compute_s - a.fwd_compute_s == pytest.approx(
+            ops.plain_fwd * PLAIN_OP + ops.dtensor_fwd * DTENSOR_OP, rel=1e-9)
+        assert b.bwd_compute_s - a.bwd_compute_s == pytest.approx(
+            ops.plain_bwd * PLAIN_OP + ops.dtensor_bwd * DTENSOR_OP, rel=1e-9)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -131,6 +153,11 @@ def test_per_op_overhead_is_charged_per_layer_and_more_under_tp(make_graph, make
     (lambda d: d.update(matmul_backward=[]), "matmul_backward must be a list of at least 2 measurements"),
     (lambda d: d.update(op_overhead={"plain_s": 1e-5}), "op_overhead: dtensor_s must be a positive number"),
     (lambda d: d.update(op_overhead=3), "op_overhead must be an object"),
+    (lambda d: d.update(transcendental=[{"op": "exp", "elements": 8, "seconds": 1e-6}]),
+     "transcendental[0]: op must be one of"),
+    (lambda d: d.update(transcendental=[{"op": "gelu", "elements": 0, "seconds": 1e-6}]),
+     "transcendental[0]: elements must be a positive number, got 0"),
+    (lambda d: d.update(transcendental={}), "transcendental must be a non-empty list"),
 ])
 def test_malformed_profiles_are_refused_with_the_reason(change, words) -> None:
     with pytest.raises(ir.InvalidClusterError) as err:

@@ -105,7 +105,7 @@ def test_tp_comm_overlap_hides_sequence_parallel_traffic(make_graph, make_plan, 
     cfg = make_gpt(24, 8192, 64)
     cluster = Cluster.preset("h100-sxm", nodes=1)
     graph = make_graph(cfg)
-    overlap = Software(name="tp-overlap", tp_comm_overlap=True)
+    overlap = dataclasses.replace(DEFAULT_SOFTWARE, name="tp-overlap", tp_comm_overlap=True)  # only that differs
     sp = make_plan(cfg, cluster, global_batch=8, seq_len=4096, tp=8, sp=True)
     assert estimate(graph, cluster, sp, software=overlap).time_s["exposed_comm"] < estimate(
         graph, cluster, sp).time_s["exposed_comm"]

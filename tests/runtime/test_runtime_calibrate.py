@@ -24,6 +24,12 @@ def test_calibrate_writes_a_profile_the_cost_model_reads(tmp_path) -> None:
     assert collective_time("all-reduce", 4 << 20, 2, 1, cluster) > collective_time("all-reduce", 16 << 10, 2, 1,
                                                                                     cluster)
     assert parse_cluster(str(path)).accelerator == cluster.accelerator
+    # the framework's cost per dispatched op (the chain's ops counted, ~6 each) and the transcendental rates
+    assert 4 <= profile["op_overhead"]["plain_dispatches"] <= 8 and 4 <= profile["op_overhead"]["dtensor_dispatches"] <= 8
+    accel = cluster.accelerator
+    assert 0 < accel.dispatch_s < accel.dtensor_dispatch_s
+    assert {op for op, _ in accel.transcendental_s_per_elem} == {"gelu", "gelu_backward", "log_softmax",
+                                                                  "log_softmax_backward"}
     with pytest.raises(ir.InvalidClusterError, match="but this machine is 'cuda/Other GPU'"):
         Cluster.from_profile(str(path), expect_kind="cuda/Other GPU")
 
