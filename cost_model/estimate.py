@@ -12,7 +12,8 @@ ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
                                               exposed per micro-batch (Narayanan 2021 sec. 4.1)
          + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
          + optimizer step                     data_parallel.optimizer_step_s, reported in "compute",
-                                              plus its eager ops' dispatch (dispatch.py; 0 on GPUs)
+                                              plus its eager ops' dispatch (dispatch.py) and its
+                                              square roots at their measured rate (0 on GPUs)
 
 ``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. When CPU ranks
 oversubscribe the cores (``Accelerator.shared_by`` > 1), a pipeline rank that waits lends its core
@@ -34,11 +35,12 @@ from ..ir.errors import InvalidPlanError
 from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction
 from .collectives import collective_time
-from .data_parallel import DataParallelCost, data_parallel_cost, optimizer_step_s, rank_params
+from .data_parallel import DataParallelCost, RankParams, data_parallel_cost, optimizer_step_s, rank_params
 from .dispatch import optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
 from .footprint import peak_memory
 from .hardware import Cluster
+from .kernels import transcendental_excess_s
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
 from .pipeline import RankLayers, bubble_s, rank_layers
@@ -104,6 +106,9 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     opt += optimizer_dispatch_s(summary.dims, cluster, layers=n, first=layers.first, last=layers.last,
                                 tp=plan.mesh.tp, sp=plan.sequence_parallel, zero_stage=plan.zero_stage,
                                 dp=plan.mesh.dp * plan.mesh.cp)  # the single-tensor AdamW's ops (dispatch.py)
+    # AdamW's square root of the second moment, at its measured rate where that bounds it (CPUs)
+    shard = _optimizer_shard_params(params, plan)
+    opt += transcendental_excess_s(cluster.accelerator, "sqrt", shard, 2 * 4 * shard)  # fp32 r + w
     partial = partial_grad_allreduces(summary.dims, layers=n, last=layers.last, tp=plan.mesh.tp,
                                       sp=plan.sequence_parallel) if runs_dtensor_styles(software) else 0
     if partial:  # SP norms' Partial gradients, all-reduced by each AdamW op that reads them (dispatch.py)
@@ -113,6 +118,15 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     return RankTime(compute_s=fwd + bwd + dp.compute_per_microbatch_s, comm_s=comm + dp.per_microbatch_s,
                     optimizer_s=opt + dp.compute_per_step_s, dp=dp,
                     tp_cp_ep_bytes=moved)
+
+
+def _optimizer_shard_params(params: RankParams, plan: Plan) -> float:
+    """Parameters of one rank's optimizer shard, as ``data_parallel.optimizer_step_s`` shards them."""
+    mesh, replicas = plan.mesh, plan.mesh.dp * plan.mesh.cp
+    if plan.zero_stage < 1:
+        return params.dense + params.expert
+    dense_group = plan.zero_group * mesh.cp if plan.zero_group else replicas
+    return params.dense / dense_group + params.expert / max(replicas // mesh.ep, 1)
 
 
 def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: LayerShape,

@@ -34,9 +34,15 @@ from enum import StrEnum
 from ..ir.errors import InvalidClusterError
 
 DTYPES = ("float32", "bfloat16", "float16", "float8")
-# elementwise ops whose time a CPU profile measures (tanh and exp bound them, not memory): the forward
-# and backward of GELU (tanh approximation) and of log-softmax (the cross-entropy's)
-TRANSCENDENTAL_OPS = ("gelu", "gelu_backward", "log_softmax", "log_softmax_backward")
+# elementwise ops whose time a CPU profile measures (tanh, exp, sqrt bound them, not memory): the
+# forward and backward of GELU (tanh approximation) and of log-softmax (the cross-entropy's), and the
+# square root of Adam's second moment
+TRANSCENDENTAL_OPS = ("gelu", "gelu_backward", "log_softmax", "log_softmax_backward", "sqrt")
+# glibc malloc serves a request at or above M_MMAP_THRESHOLD with fresh pages from mmap and unmaps
+# them on free; the threshold adapts to freed chunks but never beyond DEFAULT_MMAP_THRESHOLD_MAX,
+# 4 * 1024 * 1024 * sizeof(long) = 32 MiB on 64-bit (glibc malloc/malloc.c). So on a CPU every tensor
+# of 32 MiB or more is new memory whose pages fault on first write; smaller ones reuse the heap.
+FRESH_PAGES_BYTES = 32 << 20
 
 
 class TierKind(StrEnum):
@@ -89,6 +95,9 @@ class Accelerator:
     # measured seconds per element of the elementwise ops that are compute-bound on a CPU core (tanh,
     # exp): (op, s) with op in TRANSCENDENTAL_OPS; empty: every elementwise op is memory-bound
     transcendental_s_per_elem: tuple[tuple[str, float], ...] = ()
+    # seconds per byte of faulting in fresh pages: what a tensor of at least FRESH_PAGES_BYTES costs
+    # beyond its writes on a CPU (glibc serves it with a new mmap each time); 0 on GPUs (cached allocator)
+    first_touch_s_per_byte: float = 0.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,7 +126,7 @@ class Accelerator:
             raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
         if not 0 < self.matmul_bwd_efficiency <= 4:
             raise InvalidClusterError(f"{who}: matmul_bwd_efficiency must be in (0, 4], got {self.matmul_bwd_efficiency!r}")
-        for name in ("dispatch_s", "dtensor_dispatch_s", "sync_overhead_s"):
+        for name in ("dispatch_s", "dtensor_dispatch_s", "sync_overhead_s", "first_touch_s_per_byte"):
             if not getattr(self, name) >= 0:
                 raise InvalidClusterError(f"{who}: {name} must be >= 0, got {getattr(self, name)!r}")
         object.__setattr__(self, "transcendental_s_per_elem", tuple(tuple(r) for r in self.transcendental_s_per_elem))
@@ -133,7 +142,7 @@ class Accelerator:
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
             self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
-            self.sync_overhead_s, self.transcendental_s_per_elem)))
+            self.sync_overhead_s, self.transcendental_s_per_elem, self.first_touch_s_per_byte)))
 
     def __hash__(self) -> int:
         return self._hash

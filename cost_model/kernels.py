@@ -30,7 +30,9 @@ Elementwise ops are memory-bound (``memory_time_s``), except on a CPU core those
 or exp per element: GELU's tanh approximation and the cross-entropy's log-softmax, forward and
 backward, run below the memory rate there. A CPU profile measures each over a tensor larger than the
 caches (``runtime/calibrate.py``), and ``transcendental_excess_s`` adds what that rate costs beyond
-the memory-bound time.
+the memory-bound time. A CPU also pays to fault in the pages of each new tensor of 32 MiB or more
+(``hardware.FRESH_PAGES_BYTES``: glibc maps those afresh every time), at the per-byte cost a profile
+measured (``fresh_pages_s``).
 
 Plain attention (Megatron-LM's ``CoreAttention`` before FlashAttention) writes the scores: per head
 ``S = Q K^T`` is a batched matmul ``(s, d) @ (d, s)`` whose s^2 output goes to memory, a fused
@@ -44,7 +46,7 @@ dV = P^T dO, dQ = dS K, dK = dS^T Q), a dropout backward (5 bytes per score) and
 """
 from __future__ import annotations
 
-from .hardware import Accelerator
+from .hardware import FRESH_PAGES_BYTES, Accelerator
 
 
 SPLIT_K = 2048
@@ -87,6 +89,14 @@ def transcendental_excess_s(accel: Accelerator, op: str, elems: float, moved_byt
     if measured is None:
         return 0.0
     return max(0.0, measured - moved_bytes / (accel.memory_bw_Bps * accel.memory_efficiency))
+
+
+def fresh_pages_s(accel: Accelerator, tensor_bytes: float, count: int = 1) -> float:
+    """Seconds of faulting in ``count`` new tensors of ``tensor_bytes`` each: only those of at least
+    ``FRESH_PAGES_BYTES`` get fresh pages (CPU profiles; 0 on GPU presets)."""
+    if tensor_bytes < FRESH_PAGES_BYTES:
+        return 0.0
+    return count * tensor_bytes * accel.first_touch_s_per_byte
 
 
 def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: float, q_len: float, kv_len: float,

@@ -50,8 +50,8 @@ from .flops import attention_core_flops, kv_width
 from .hardware import Cluster, TierKind
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles)
-from .kernels import (attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s, plain_attention_fwd_bwd_s,
-                      transcendental_excess_s)
+from .kernels import (attention_fwd_bwd_s, fresh_pages_s, matmul_fwd_bwd_s, memory_time_s,
+                      plain_attention_fwd_bwd_s, transcendental_excess_s)
 from .fusion import fusion_saving
 from .memory import ACTIVATION_BYTES
 from .software import DEFAULT, Software
@@ -241,6 +241,8 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
     logits (``codegen/tp_plans.py``: the output head is ColwiseParallel with output R): an all-gather
     of the m*V logits and the concatenation of the gathered shards forward, and the full-vocabulary
     loss on every rank; with SP the hidden state's all-gather forward and reduce-scatter backward.
+    On a CPU the loss path's logits-sized tensors are new memory when they reach 32 MiB
+    (``kernels.fresh_pages_s``).
     """
     accel, d, ab, tp = cluster.accelerator, shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp
     m, act = shape.tokens, shape.tokens * shape.dims.hidden * ab
@@ -264,12 +266,16 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         bwd += b + memory_time_s(accel, 18 * logits + 2 * norm, 8)
         fwd += transcendental_excess_s(accel, "log_softmax", logits, 2 * 4 * logits)  # fp32 r + w
         bwd += transcendental_excess_s(accel, "log_softmax_backward", logits, 3 * 4 * logits)
+        # new tensors of the loss path, faulted in where they are large (CPUs, kernels.fresh_pages_s): the
+        # head's logits and the fp32 log-probabilities; backward the NLL's zeroed gradient and log-softmax's
+        fwd += fresh_pages_s(accel, m * d.vocab / tp * ab) + fresh_pages_s(accel, 4 * logits)
+        bwd += fresh_pages_s(accel, 4 * logits, 2)
         gather = "all-gather" if shape.sp else "all-reduce"
         comm_b += collective_time(gather, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(gather, act, tp)
         if runtime:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
             comm_f += collective_time("all-gather", logits * ab, tp, 1, cluster) + sync
-            fwd += memory_time_s(accel, 2 * logits * ab, 1)
+            fwd += memory_time_s(accel, 2 * logits * ab, 1) + fresh_pages_s(accel, logits * ab, 2)
             tp_bytes += bus_bytes("all-gather", logits * ab, tp)
         if runtime and shape.sp:  # the hidden state S(1) -> R forward; its gradient reduce-scattered
             comm_f += collective_time("all-gather", act, tp, 1, cluster) + sync

@@ -18,6 +18,8 @@ better fit needs no re-measurement::
                      aten ops it dispatches (counted; the counts are absent in older profiles)
     transcendental   optional [{op, elements, seconds}]: GELU (tanh) and log-softmax, forward and
                      backward (``hardware.TRANSCENDENTAL_OPS``), over a tensor past the caches
+    first_touch      optional {bytes, fresh_s, reuse_s}: a new tensor of ``bytes`` (above glibc's
+                     mmap threshold) filled once, and the same fill into a tensor already mapped
     attention        {batch_heads, seq_len, head_dim, seconds}: causal SDPA forward
     process_rss_bytes  resident memory of a rank after start-up: never usable by tensors
     collectives      {kind: [{group_size, bytes, seconds}]}: groups of consecutive ranks, all
@@ -36,6 +38,8 @@ Fits (least squares on relative error, so small and large sizes weigh alike):
   runtime dispatches (``dispatch.py``: counted from the program's structure);
 * transcendental -> ``transcendental_s_per_elem`` = seconds / elements per op (none when absent: all
   elementwise ops memory-bound), used for GELU and the loss's log-softmax (``kernels.py``);
+* first_touch -> ``first_touch_s_per_byte`` = (fresh_s - reuse_s) / bytes (>= 0; 0 when absent),
+  charged for tensors of at least ``hardware.FRESH_PAGES_BYTES`` (``kernels.fresh_pages_s``);
 * sync_after_compute (optional {group_size, bytes, compute_s, seconds}: a matmul, then an all-reduce
   as DTensor issues it) -> ``sync_overhead_s`` = seconds - compute_s - the fitted all-reduce time
   (>= 0; 0 when absent), charged per tensor-parallel collective call (``layer_cost``);
@@ -148,7 +152,19 @@ def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
                        kernel_overhead_s=overhead, compute_units=1, matmul_tile_elems=1,
                        shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")),
                        matmul_bwd_efficiency=bwd_eff, dispatch_s=dispatch_s, dtensor_dispatch_s=dtensor_s,
-                       transcendental_s_per_elem=_transcendental(data, where))
+                       transcendental_s_per_elem=_transcendental(data, where),
+                       first_touch_s_per_byte=_first_touch(data, where))
+
+
+def _first_touch(data: dict[str, Any], where: str) -> float:
+    """Seconds per byte of faulting in fresh pages: a new tensor written once, less the same write
+    into one already mapped; 0 for profiles written before it."""
+    if "first_touch" not in data:
+        return 0.0
+    row = _field(data, "first_touch", dict, where)
+    at = f"{where}: first_touch"
+    nbytes, fresh_s, reuse_s = (_positive(row, k, at) for k in ("bytes", "fresh_s", "reuse_s"))
+    return max(0.0, fresh_s - reuse_s) / nbytes
 
 
 def _dispatch_costs(data: dict[str, Any], where: str) -> tuple[float, float]:

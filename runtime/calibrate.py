@@ -13,8 +13,10 @@ ranks has. Each rank times, median of a few repetitions:
 * one tiny autograd op, forward and backward, plain and as a DTensor op (the framework's cost per op),
   and the aten ops that op dispatches (counted once with a ``TorchDispatchMode``, untimed), so that
   the cost model prices each dispatch (``cost_model/dispatch.py``);
-* GELU (tanh) and log-softmax, forward and backward, over 2M elements (compute-bound on a CPU core:
-  tanh and exp per element), as seconds per element;
+* GELU (tanh) and log-softmax, forward and backward, and a square root, over 2M elements
+  (compute-bound on a CPU core: tanh, exp, sqrt per element), as seconds per element;
+* on a CPU, a new 64 MiB tensor filled once against the same fill into mapped memory: the cost of
+  faulting in fresh pages, which every tensor of 32 MiB or more pays (glibc maps those anew);
 * all-reduce, all-gather, reduce-scatter, broadcast and all-to-all over every group size that
   divides ``nproc`` (groups of consecutive ranks, all groups of a size at once), over message sizes;
   a collective's time is its slowest rank's;
@@ -131,6 +133,8 @@ def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     out["small_op_s"] = _timed(lambda: tiny.add(1.0), device)
     out["op_overhead"] = _op_overhead(device)
     out["transcendental"] = _transcendental(device, dtype)
+    if device.type == "cpu":
+        out["first_touch"] = _first_touch(device)
     q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype)  # (b, heads, s, head_dim)
     dist.barrier()
     out["attention"] = {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
@@ -192,17 +196,34 @@ def count_dispatches(fn: Callable[[], Any]) -> tuple[int, int]:
 TRANSCENDENTAL_SHAPE = (2048, 1024)  # 8 MiB in fp32: past the caches, as a layer's FFN activation is
 
 
+FIRST_TOUCH_BYTES = 64 << 20  # above glibc's 32 MiB mmap threshold ceiling: fresh pages every time
+
+
+def _first_touch(device: torch.device) -> dict[str, Any]:
+    """A new tensor of ``FIRST_TOUCH_BYTES`` filled once (its pages fault in: glibc maps tensors of
+    32 MiB or more afresh each time) and the same fill into a tensor already mapped."""
+    elems = FIRST_TOUCH_BYTES // 4
+    mapped = torch.empty(elems, device=device)
+    dist.barrier()
+    fresh = _timed(lambda: torch.empty(elems, device=device).fill_(1.0), device)
+    dist.barrier()
+    reuse = _timed(lambda: mapped.fill_(1.0), device)
+    return {"bytes": FIRST_TOUCH_BYTES, "fresh_s": fresh, "reuse_s": reuse}
+
+
 def _transcendental(device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
-    """Seconds of the elementwise ops that evaluate tanh or exp per element (compute-bound on a CPU
-    core, unlike a copy): GELU's tanh approximation and log-softmax (the cross-entropy's), forward
-    and backward, over ``TRANSCENDENTAL_SHAPE``."""
+    """Seconds of the elementwise ops that evaluate tanh, exp or sqrt per element (compute-bound on a
+    CPU core, unlike a copy): GELU's tanh approximation and log-softmax (the cross-entropy's), forward
+    and backward, and the square root of AdamW's update, over ``TRANSCENDENTAL_SHAPE``."""
     x = torch.randn(*TRANSCENDENTAL_SHAPE, device=device, dtype=dtype)
     grad = torch.randn_like(x)
     out = torch.log_softmax(x, -1)
+    positive = x.abs()  # as Adam's second moment
     ops = {"gelu": lambda: F.gelu(x, approximate="tanh"),
            "gelu_backward": lambda: torch.ops.aten.gelu_backward(grad, x, approximate="tanh"),
            "log_softmax": lambda: torch.log_softmax(x, -1),
-           "log_softmax_backward": lambda: torch.ops.aten._log_softmax_backward_data(grad, out, -1, x.dtype)}
+           "log_softmax_backward": lambda: torch.ops.aten._log_softmax_backward_data(grad, out, -1, x.dtype),
+           "sqrt": lambda: positive.sqrt()}
     rows = []
     for op, call in ops.items():
         dist.barrier()
@@ -294,6 +315,9 @@ def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
                if all("op_overhead" in p for p in profiles) else {}),
             **({"transcendental": median_seconds([p["transcendental"] for p in profiles])}
                if all("transcendental" in p for p in profiles) else {}),
+            **({"first_touch": {**first["first_touch"], **{k: statistics.median(p["first_touch"][k] for p in profiles)
+                                                           for k in ("fresh_s", "reuse_s")}}}
+               if all("first_touch" in p for p in profiles) else {}),
             "attention": {**first["attention"],
                           "seconds": statistics.median(p["attention"]["seconds"] for p in profiles)},
             "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
@@ -358,6 +382,9 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
         "op_overhead": {k: median_of(lambda c, k=k: c["op_overhead"][k]) for k in first["op_overhead"]},
         "transcendental": [{**row, "seconds": median_of(lambda c, i=i: c["transcendental"][i]["seconds"])}
                            for i, row in enumerate(first["transcendental"])],
+        **({"first_touch": {**first["first_touch"], **{k: median_of(lambda c, k=k: c["first_touch"][k])
+                                                       for k in ("fresh_s", "reuse_s")}}}
+           if "first_touch" in first else {}),
         "attention": {**first["attention"], "seconds": median_of(lambda c: c["attention"]["seconds"])},
         "process_rss_bytes": max(r["rss"] for r in ranks),
         "collectives": collectives,

@@ -1,7 +1,8 @@
 """Known answers for what the cost model charges meshplan's runtime on a CPU profile beyond FLOPs and
-bytes: GELU and the loss's log-softmax at their measured rates, the loss on logits the runtime
-gathers under TP (and not under Megatron's vocab-parallel loss), the input-gradient all-reduce of
-each column-parallel Linear, and the SP norms' Partial gradients all-reduced in the optimizer step."""
+bytes: GELU, the loss's log-softmax and Adam's square root at their measured rates, the loss on
+logits the runtime gathers under TP (and not under Megatron's vocab-parallel loss), fresh pages for
+tensors of 32 MiB or more, the input-gradient all-reduce of each column-parallel Linear, and the SP
+norms' Partial gradients all-reduced in the optimizer step."""
 from __future__ import annotations
 
 import dataclasses
@@ -112,3 +113,40 @@ def test_sp_norm_gradients_are_all_reduced_in_the_optimizer_step(make_graph, mak
         return estimate(graph, c, plan).time_s["compute"]
     assert optimizer_s(sp, waits) - optimizer_s(sp, quiet) == pytest.approx(calls * 1e-3, rel=1e-9)
     assert optimizer_s(no_sp, waits) == pytest.approx(optimizer_s(no_sp, quiet), rel=1e-12)
+
+
+def test_adam_square_root_runs_at_its_measured_rate_on_the_optimizer_shard(make_graph, make_gpt, make_plan) -> None:
+    from meshplan.cost_model import estimate
+
+    cfg = make_gpt(4, 256, 8)
+    graph = make_graph(cfg)
+    base = cluster(transcendental=False)
+    sqrt_s = 3e-9  # per element, above the memory-bound 1 ns of 8 bytes at 8 GB/s
+    slow = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator,
+                                                                      transcendental_s_per_elem=(("sqrt", sqrt_s),)))
+    total = graph.param_count
+    for zero, shard in ((0, total), (1, total / 4)):  # ZeRO-1: each of 4 ranks steps a quarter
+        plan = make_plan(cfg, base, global_batch=16, seq_len=128, dp=4, micro_batch=4, zero=zero, dtype="float32")
+        extra = estimate(graph, slow, plan).time_s["compute"] - estimate(graph, base, plan).time_s["compute"]
+        assert extra == pytest.approx(shard * (sqrt_s - 8 / 8e9), rel=1e-6)
+
+
+def test_loss_tensors_of_32_mib_or_more_fault_in_fresh_pages(make_graph, make_gpt) -> None:
+    from meshplan.cost_model.hardware import FRESH_PAGES_BYTES
+
+    dims = make_graph(make_gpt(4, 256, 8, vocab=4096)).dims
+    base = cluster(transcendental=False)
+    per_byte = 4e-10
+    faults = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator,
+                                                                        first_touch_s_per_byte=per_byte))
+
+    def extra(s):
+        a, b = edge_cost(s, faults, first=False, last=True), edge_cost(s, base, first=False, last=True)
+        return a.fwd_compute_s - b.fwd_compute_s, a.bwd_compute_s - b.bwd_compute_s
+
+    logits_bytes = 16 * 128 * 4096 * 4  # the gathered fp32 logits of TP4 at micro-batch 16: 32 MiB
+    assert logits_bytes == FRESH_PAGES_BYTES
+    # meshplan TP4: gathered buffer, concatenation, log-probabilities forward; 2 gradients backward
+    assert extra(shape(dims, tp=4, mb=16)) == pytest.approx((3 * logits_bytes * per_byte, 2 * logits_bytes * per_byte))
+    # one rank's micro-batch of 4: 8 MiB tensors reuse the heap
+    assert extra(shape(dims, tp=1, mb=4)) == (0.0, 0.0)

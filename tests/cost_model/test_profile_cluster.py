@@ -76,6 +76,7 @@ def _broken(change) -> dict:
 BWD_PEAK, PLAIN_OP, DTENSOR_OP = 0.8 * PEAK, 12e-6, 90e-6
 PLAIN_DISPATCHES, DTENSOR_DISPATCHES = 6.0, 7.5  # aten ops one chain op dispatches (calibrate counts them)
 GELU_NS = 2.0  # seconds per element of GELU (tanh), in ns
+FAULT_S = 0.03  # faulting in 64 MiB of fresh pages
 
 
 def with_backward_and_ops() -> dict:
@@ -88,6 +89,7 @@ def with_backward_and_ops() -> dict:
                            "dtensor_dispatches": DTENSOR_DISPATCHES}
     data["transcendental"] = [{"op": op, "elements": 1 << 21, "seconds": (1 << 21) * GELU_NS * 1e-9 * (i + 1)}
                               for i, op in enumerate(("gelu", "gelu_backward", "log_softmax", "log_softmax_backward"))]
+    data["first_touch"] = {"bytes": 64 << 20, "fresh_s": 0.002 + FAULT_S, "reuse_s": 0.002}
     return data
 
 
@@ -103,6 +105,7 @@ def test_optional_backward_and_per_op_fields_are_fitted() -> None:
     assert accel.dtensor_dispatch_s == pytest.approx(DTENSOR_OP / DTENSOR_DISPATCHES)
     assert accel.transcendental_s("gelu", 1000) == pytest.approx(1000 * GELU_NS * 1e-9)
     assert accel.transcendental_s("log_softmax_backward", 1000) == pytest.approx(4000 * GELU_NS * 1e-9)
+    assert old.first_touch_s_per_byte == 0.0 and accel.first_touch_s_per_byte == pytest.approx(FAULT_S / (64 << 20))
     assert accel.peak("float32") == pytest.approx(PEAK, rel=1e-6)  # the forward fit is untouched
     fwd, bwd = matmul_fwd_bwd_s(accel, "float32", 512, 512, 512, 4)
     assert bwd == pytest.approx(2 * fwd / 0.8, rel=1e-6)
@@ -158,6 +161,7 @@ def test_dispatches_are_charged_per_op_the_layer_runs(make_graph, make_gpt) -> N
     (lambda d: d.update(transcendental=[{"op": "gelu", "elements": 0, "seconds": 1e-6}]),
      "transcendental[0]: elements must be a positive number, got 0"),
     (lambda d: d.update(transcendental={}), "transcendental must be a non-empty list"),
+    (lambda d: d.update(first_touch={"bytes": 1 << 26, "fresh_s": 0.01}), "first_touch: reuse_s must be a positive"),
 ])
 def test_malformed_profiles_are_refused_with_the_reason(change, words) -> None:
     with pytest.raises(ir.InvalidClusterError) as err:

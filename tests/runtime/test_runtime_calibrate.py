@@ -29,7 +29,8 @@ def test_calibrate_writes_a_profile_the_cost_model_reads(tmp_path) -> None:
     accel = cluster.accelerator
     assert 0 < accel.dispatch_s < accel.dtensor_dispatch_s
     assert {op for op, _ in accel.transcendental_s_per_elem} == {"gelu", "gelu_backward", "log_softmax",
-                                                                  "log_softmax_backward"}
+                                                                  "log_softmax_backward", "sqrt"}
+    assert accel.first_touch_s_per_byte >= 0 and profile["first_touch"]["bytes"] >= 32 << 20
     with pytest.raises(ir.InvalidClusterError, match="but this machine is 'cuda/Other GPU'"):
         Cluster.from_profile(str(path), expect_kind="cuda/Other GPU")
 
