@@ -10,7 +10,7 @@ import torch
 
 from . import ir, solver, zoo
 from .codegen.fusion import find_fusions, fusion_names
-from .cost_model import Cluster, estimate, parse_cluster, worthwhile
+from .cost_model import Cluster, TierKind, estimate, parse_cluster, worthwhile
 from .frontend import trace
 
 
@@ -25,12 +25,14 @@ class Plan(ir.Plan):
     def explain(self) -> str:
         return ir.report.explain(self)
 
-    def emit(self, path: str | Path, *, fuse: bool = False) -> Path:
+    def emit(self, path: str | Path, *, fuse: bool | None = None) -> Path:
         """Write a readable torchrun training script for this plan. With ``fuse`` the fusions the plan
-        records run as generated Triton kernels, written beside the script as ``<stem>_kernels.py``."""
+        records run as generated Triton kernels, written beside the script as ``<stem>_kernels.py``;
+        by default (None) exactly when the plan records fusions, as its prediction assumes."""
         from .codegen import emit_source, lower
         from .codegen.fused import kernels_source
 
+        fuse = bool(self.fusions) if fuse is None else fuse
         path = Path(path)
         kernels_module = f"{path.stem}_kernels"
         if fuse:
@@ -40,11 +42,15 @@ class Plan(ir.Plan):
         path.write_text(emit_source(self, fuse=fuse, kernels_module=kernels_module))
         return path
 
-    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool = False) -> Any:
+    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool | None = None) -> Any:
         """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``.
-        ``fuse``: run the plan's fusions as generated Triton kernels."""
+        ``fuse``: run the plan's fusions as generated Triton kernels; by default (None) when the plan
+        records fusions and a GPU is there to compile them (on CPU they would run in Triton's
+        interpreter: ask for it with ``fuse=True`` and ``TRITON_INTERPRET=1``)."""
         from .runtime import apply
 
+        if fuse is None:
+            fuse = bool(self.fusions) and torch.cuda.is_available()
         return apply(self, model, optimizer=optimizer, fuse=fuse)
 
 
@@ -95,6 +101,8 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
     """``plan`` recording the fusions of ``found`` that the cost model says save time in its program,
     its prediction counting them; the unfused program (without ``--fuse``) becomes an alternative."""
+    if cluster.tiers[0].kind == TierKind.SHARED_MEMORY:
+        return plan  # CPU ranks: Triton compiles for GPUs (on CPU only its interpreter runs the kernels)
     chosen = worthwhile(found, plan.model["family"], tp=plan.mesh.tp, sp=plan.sequence_parallel)
     if not chosen or plan.prediction is None:
         return replace(plan, fusions=chosen)

@@ -82,7 +82,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     path = plan.emit(args.output, fuse=args.fuse)
     print(f"wrote {path}: run it with  torchrun --nproc-per-node {plan.world_size} {path} --steps 5")
     kernels = path.with_name(f"{path.stem}_kernels.py")
-    if args.fuse and kernels.exists():
+    if kernels.exists() and (args.fuse or args.fuse is None and plan.fusions):
         print(f"wrote {kernels}: its fused Triton kernels (without a GPU, run with TRITON_INTERPRET=1)")
     return 0
 
@@ -197,7 +197,8 @@ def parser() -> argparse.ArgumentParser:
     em = sub.add_parser("emit", help="write a torchrun training script for a plan")
     em.add_argument("plan")
     em.add_argument("-o", "--output", required=True)
-    em.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False)
+    em.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                    help="run the plan's fusions as generated Triton kernels (default: if the plan records any)")
     em.set_defaults(func=cmd_emit)
     rn = sub.add_parser("run", help="train a plan on CPU processes with torchrun")
     rn.add_argument("plan")

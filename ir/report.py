@@ -74,7 +74,7 @@ def _memory_rows(pred) -> list[str]:
 def _fusion_note(plan: Plan) -> str:
     """The saving the prediction counts (the unfused program is an alternative), and how to get it."""
     unfused = next((a for a in (plan.solver.alternatives if plan.solver else ()) if a.get("fuse") is False), None)
-    how = "with --fuse / apply(fuse=True)"
+    how = "(emit and apply fuse by default; --no-fuse / apply(fuse=False) runs eager)"
     if unfused is None or plan.prediction is None:
         return how
     return f"save {(unfused['step_time_s'] - plan.prediction.step_time_s) * 1e3:.1f} ms/step {how}"

@@ -84,9 +84,13 @@ def test_emit_fuse_writes_kernels_beside_the_script(tmp_path) -> None:
     assert "model.layers[i].mlp.__class__ = FusedSwiGLU" in source
     assert "model.layers[i].__class__ = FusedAddRmsnormBlock" in source
     assert "def swiglu(" in kernels.read_text() and "def add_rmsnorm(" in kernels.read_text()
-    plain = _plan().emit(tmp_path / "plain.py")
+    plain = _plan().emit(tmp_path / "plain.py", fuse=False)
     assert not (tmp_path / "plain_kernels.py").exists() and "kernels" not in plain.read_text()
     assert plain.read_text() == emit_source(_plan())
+    # by default a plan that records fusions is emitted fused (its prediction counts them)
+    assert _plan().fusions and _plan().emit(tmp_path / "default.py").read_text() == source.replace(
+        "train_kernels", "default_kernels")
+    assert (tmp_path / "default_kernels.py").exists()
 
 
 @pytest.mark.parametrize("model, kernels", [("llama-tiny", ("swiglu", "add_rmsnorm")),
@@ -174,3 +178,11 @@ def test_cli_emit_fuse_writes_both_files(tmp_path, capsys) -> None:
     assert main(["emit", str(plan_file), "-o", str(tmp_path / "run.py"), "--fuse"]) == 0
     assert (tmp_path / "run.py").exists() and (tmp_path / "run_kernels.py").exists()
     assert "run_kernels.py" in capsys.readouterr().out
+
+
+def test_planner_records_fusions_for_gpus_only() -> None:
+    """Triton compiles for GPUs: a CPU plan records none (emit and apply then run eager by default)."""
+    import meshplan as mp
+    gpu = mp.autoparallelize("llama-tiny", "h100-sxm:1x2", global_batch=8, seq_len=64)
+    cpu = mp.autoparallelize("llama-tiny", "cpu:1x2", global_batch=8, seq_len=64)
+    assert "add_rmsnorm" in gpu.fusions and cpu.fusions == ()
