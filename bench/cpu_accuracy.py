@@ -10,7 +10,11 @@ plans on 4 gloo processes.
    shared) weighs on the profile and on the plans alike. ``--profile`` skips the calibration and
    uses one measured earlier; a profile of another kind of machine is refused.
 2. Predict every plan with ``cost_model.estimate`` on the profile's cluster (the meshplan runtime's
-   software: SDPA attention, DDP/FSDP overlap, ZeRO-1 as DDP + ZeroRedundancyOptimizer).
+   software: SDPA attention, DDP/FSDP overlap, ZeRO-1 as DDP + ZeroRedundancyOptimizer, TP through
+   DTensor's per-Linear styles with the loss on gathered logits). Besides FLOPs and bytes the CPU
+   model charges what the profile measured per unit of the program's structure: each eager op
+   dispatched, plain or on DTensors (``cost_model/dispatch.py``), GELU, log-softmax and Adam's square
+   root per element, fresh pages of tensors of 32 MiB or more, and the wait of each TP collective.
 3. Print predicted against measured per plan, the mean absolute percentage error (target < 15%) and
    Kendall's tau between the two rankings (target >= 0.8).
 
@@ -162,6 +166,15 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
     return (concordant - discordant) / denom if denom else 0.0
 
 
+def measured_costs(cluster) -> str:
+    """The calibrated costs beyond FLOPs and bytes that the CPU model charges, on one line."""
+    accel = cluster.accelerator
+    rates = ", ".join(f"{op} {s * 1e9:.2f}" for op, s in accel.transcendental_s_per_elem)
+    return (f"per dispatched op: plain {accel.dispatch_s * 1e6:.1f} us, DTensor {accel.dtensor_dispatch_s * 1e6:.1f} us; "
+            f"wait per TP collective {accel.sync_overhead_s * 1e3:.2f} ms; fresh pages "
+            f"{accel.first_touch_s_per_byte * 2**20 * 1e6:.0f} us/MiB; ns per element: {rates or 'not measured'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=4)
@@ -196,18 +209,22 @@ def main(argv: list[str] | None = None) -> int:
         Path(SAVED_PROFILE).write_text(json.dumps(profile, indent=1) + "\n")
         print(f"calibrated in {profile['rounds']} rounds between the plans' rounds; saved to {SAVED_PROFILE}")
     cluster = cluster_from_profile({**profile, "spec": spec}, expect_kind=machine_kind())
+    print(measured_costs(cluster))
     rows, skipped = [], []
-    print(f"\n{'plan':<24} {'predicted':>10} {'measured':>10} {'error':>8}   model {MODEL['name']}: "
-          f"{MODEL['layers']} layers, h {MODEL['hidden']}, batch {GLOBAL_BATCH} x {SEQ_LEN}")
+    print(f"\n{'plan':<24} {'predicted':>10} {'measured':>10} {'error':>8}   predicted compute / exposed comm / "
+          f"bubble; model {MODEL['name']}: {MODEL['layers']} layers, h {MODEL['hidden']}, batch {GLOBAL_BATCH} x "
+          f"{SEQ_LEN}")
     for label, plan in plans:
         got = measured[label]
         if "skipped" in got:
             skipped.append(f"{label}: {got['skipped']}")
             continue
-        pred = estimate(graph, cluster, plan).step_time_s
+        prediction = estimate(graph, cluster, plan)
+        pred = prediction.step_time_s
         err = pred / got["seconds"] - 1
         rows.append((label, pred, got["seconds"], err))
-        print(f"{label:<24} {pred * 1e3:8.1f} ms {got['seconds'] * 1e3:8.1f} ms {err:+8.1%}")
+        parts = " / ".join(f"{prediction.time_s[k] * 1e3:.0f}" for k in ("compute", "exposed_comm", "bubble"))
+        print(f"{label:<24} {pred * 1e3:8.1f} ms {got['seconds'] * 1e3:8.1f} ms {err:+8.1%}   {parts} ms")
     mape = sum(abs(r[3]) for r in rows) / len(rows)
     tau = kendall_tau([r[1] for r in rows], [r[2] for r in rows])
     print(f"\n{len(rows)} plans: MAPE {mape:.1%} (target < 15%), Kendall's tau {tau:.2f} (target >= 0.8)")

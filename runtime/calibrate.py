@@ -100,11 +100,12 @@ def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
     return time.perf_counter() - start
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = False) -> float:
-    """Median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``MIN_TIMING_S`` each.
+def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = False,
+           min_s: float = MIN_TIMING_S) -> float:
+    """Median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``min_s`` each.
     For a collective every rank of the world runs the same number of calls (rank 0's choice)."""
     once = _run(fn, device, 1)  # warm-up: allocation, kernel selection, connections
-    calls = torch.tensor([max(1, min(10_000, round(MIN_TIMING_S / max(once, 1e-7))))])
+    calls = torch.tensor([max(1, min(10_000, round(min_s / max(once, 1e-7))))])
     if collective:
         dist.broadcast(calls, src=0)
     times = [_run(fn, device, int(calls)) / int(calls) for _ in range(REPEATS)]
@@ -264,6 +265,7 @@ def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
 
 
 SYNC_BYTES = 16 << 10  # small: the call's wait, not its bandwidth, is what this measures
+SYNC_TIMING_S = 0.2  # each timing spans ~20 calls: the wait varies from call to call
 
 
 def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -277,9 +279,10 @@ def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) ->
     x = torch.ones(SYNC_BYTES // 4, device=device)
     group = dist.group.WORLD
     dist.barrier()
-    compute = _timed(lambda: a @ a, device, collective=True)
+    compute = _timed(lambda: a @ a, device, collective=True, min_s=SYNC_TIMING_S)
     dist.barrier()
-    both = _timed(lambda: (a @ a, funcol.wait_tensor(funcol.all_reduce(x, "sum", group))), device, collective=True)
+    both = _timed(lambda: (a @ a, funcol.wait_tensor(funcol.all_reduce(x, "sum", group))), device, collective=True,
+                  min_s=SYNC_TIMING_S)
     return {"group_size": world, "bytes": SYNC_BYTES, "compute_s": compute, "seconds": both}
 
 
