@@ -6,7 +6,8 @@
                                   the header names the recorded fusions the plan's parallelism rules out
     SplitPipeline                 pipeline stages first, when pp > 1 (codegen.pipeline_lower)
     TensorParallel(root)          embedding, final norm, output head
-    TensorParallel(layers.i)      attention and MLP of each block
+    TensorParallel(layers.i)      attention and MLP of each block: split, or replicated where the plan's
+                                  param_layouts keep a sublayer's linear weights R over tp (codegen.tp_plans)
     ExpertMesh, ExpertParallel    MoE experts sharded over ep, a sub-group of dp (codegen.expert)
     ContextParallel(layers.i.attn), (embed)   the sequence split over cp (codegen.context)
     Recompute(layers.i[.attn])    activation checkpointing, per layer as plan.recompute says
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir import InvalidPlanError, Plan
+from ..ir import AXES, InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
 from . import context, expert, fused, hybrid, pipeline_lower, tp_plans
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
@@ -47,7 +48,7 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     if fuse:
         steps += fused.fuse_steps(plan, cfg["layers"])
     if tp > 1:
-        steps += _tensor_parallel(cfg, plan.sequence_parallel)
+        steps += _tensor_parallel(plan, cfg)
     if plan.mesh.cp > 1:
         steps += context.context_parallel(plan, cfg)
     if plan.mesh.ep > 1:
@@ -96,6 +97,8 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
         raise InvalidPlanError(f"plan.recompute has {len(plan.recompute)} entries but the model has "
                                f"{cfg['layers']} layers; give one per layer")
     if m.tp > 1:
+        for layer in range(cfg["layers"]):
+            replicated_sublayers(plan, cfg, layer)  # raises for a layout the styles cannot execute
         for name in ("heads", "kv_heads", "ffn_hidden", "vocab"):
             if cfg[name] % m.tp:
                 raise InvalidPlanError(f"tensor parallelism splits {name} over tp ranks, but "
@@ -124,12 +127,27 @@ def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
     return tuple(dims)
 
 
-def _tensor_parallel(cfg: dict[str, Any], sp: bool) -> list[Step]:
-    family = cfg["family"]
+def _tensor_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
+    family, sp = cfg["family"], plan.sequence_parallel
     steps: list[Step] = [TensorParallel(module="", plan=tp_plans.root_plan(family, sp))]
-    block = tp_plans.block_plan(family, sp)
-    steps += [TensorParallel(module=f"layers.{i}", plan=block) for i in range(cfg["layers"])]
+    for i in range(cfg["layers"]):
+        block = tp_plans.block_plan(family, sp, replicated_sublayers(plan, cfg, i))
+        if block:  # a block replicated whole, without sp, has nothing to parallelize
+            steps.append(TensorParallel(module=f"layers.{i}", plan=block))
     return steps
+
+
+def replicated_sublayers(plan: Plan, cfg: dict[str, Any], layer: int) -> frozenset[str]:
+    """The sublayers of block ``layer`` whose linear weights ``plan.param_layouts`` keeps R over tp (the
+    intra-op program's answer); none for a plan without layouts (old plan files, ``meshplan estimate``),
+    which gets the fixed Megatron split."""
+    if not plan.param_layouts:
+        return frozenset()
+    tp_axis, prefix = AXES.index("tp"), f"layers.{layer}"
+    weight_tp = {f"{sub}.{name}": layout[tp_axis]
+                 for sub, (cols, row) in tp_plans.SUBLAYERS[cfg["family"]].items() for name in (*cols, row)
+                 if (layout := plan.param_layouts.get(f"{prefix}.{sub}.{name}.weight")) is not None}
+    return tp_plans.replicated_sublayers(cfg["family"], prefix, weight_tp)
 
 
 def _recompute(plan: Plan, layers: int) -> list[Step]:

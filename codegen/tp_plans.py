@@ -9,16 +9,36 @@ before the column-parallel matmuls, and the row-parallel reduction becomes a red
 
 MoE blocks keep their router and experts replicated over tp (each tp rank computes the whole MoE
 on the whole sequence); only attention is split. Expert parallelism is the way to split experts.
+
+A plan's ``param_layouts`` may keep a dense sublayer (attention or MLP) replicated over tp too: the
+intra-op program (``solver/intra_op.py``) picks that where splitting costs more communication than
+it saves compute. ``replicated_sublayers`` reads it from the tp placement of each linear weight
+(``S(0)`` column-parallel, ``S(1)`` row-parallel, ``R`` replicated): a sublayer is either split the
+Megatron way or replicated whole, since the zoo's attention takes its head count from the
+projections it runs (``view(b, s, -1, head_dim)``) and the residual stream only meets ``R`` or
+``S(1)``. A replicated sublayer gets no style on its linears (plain modules, plain weights); its
+input is the whole stream and so is its output, which every tp rank computes alike. Under sequence
+parallelism the stream is ``S(1)``: ``PrepareModuleInputOutput`` gathers it before the sublayer
+(handing it plain tensors) and keeps this rank's slice of the output (R -> S(1), a free slice; its
+backward all-gathers the gradient), as for the MoE. Every tp rank then computes the same gradient
+for a replicated weight from the same whole inputs, so no reduction over tp is needed.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from ..ir import InvalidPlanError
 from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
 SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
 
-# the two projections of each MLP family: (column-parallel, row-parallel)
-_MLP = {"gpt": (("fc1",), "fc2"), "llama": (("w1", "w3"), "w2")}
+# the linears of each dense sublayer: (column-parallel, row-parallel); the MoE's mlp has none (replicated)
+_ATTN = (("wq", "wk", "wv"), "wo")
+SUBLAYERS = {"gpt": {"attn": _ATTN, "mlp": (("fc1",), "fc2")},
+             "llama": {"attn": _ATTN, "mlp": (("w1", "w3"), "w2")},
+             "moe": {"attn": _ATTN}}
+_NORM = {"attn": "attn_norm", "mlp": "mlp_norm"}
 
 
 def _stream(sp: bool) -> str:
@@ -47,28 +67,46 @@ def root_plan(family: str, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     return tuple(plan)
 
 
-def block_plan(family: str, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
-    """One transformer block: attention heads split over tp, then the MLP (or a replicated MoE)."""
+def block_plan(family: str, sp: bool, replicated: frozenset[str] = frozenset()) -> tuple[tuple[str, TPStyle], ...]:
+    """One transformer block: each sublayer's heads or FFN width split over tp, except the sublayers
+    in ``replicated`` (and the MoE), which every tp rank runs whole on the whole sequence."""
     stream = _stream(sp)
     plan: list[tuple[str, TPStyle]] = []
-    if sp:
-        plan.append(("attn_norm", SP_NORM))
-        plan.append(("attn", TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
-    plan += [("attn.wq", COL), ("attn.wk", COL), ("attn.wv", COL),
-             ("attn.wo", TPStyle(kind=StyleKind.ROWWISE, out=stream))]
-    if sp:
-        plan.append(("mlp_norm", SP_NORM))
-    if family == "moe":
-        if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated MoE, R -> S(1) after
-            plan.append(("mlp", TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
-                                        out_src="R", out="S(1)")))
-        return tuple(plan)
-    cols, row = _MLP[family]
-    if sp:
-        plan.append(("mlp", TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
-    plan += [(f"mlp.{name}", COL) for name in cols]
-    plan.append((f"mlp.{row}", TPStyle(kind=StyleKind.ROWWISE, out=stream)))
+    for sub in ("attn", "mlp"):
+        if sp:
+            plan.append((_NORM[sub], SP_NORM))
+        linears = SUBLAYERS[family].get(sub)
+        if linears is None or sub in replicated:
+            if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated sublayer, R -> S(1) after
+                plan.append((sub, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
+                                          out_src="R", out="S(1)")))
+            continue  # without sp the stream is a plain replicated tensor already
+        cols, row = linears
+        if sp:
+            plan.append((sub, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
+        plan += [(f"{sub}.{name}", COL) for name in cols]
+        plan.append((f"{sub}.{row}", TPStyle(kind=StyleKind.ROWWISE, out=stream)))
     return tuple(plan)
+
+
+def replicated_sublayers(family: str, layer: str, weight_tp: Mapping[str, str]) -> frozenset[str]:
+    """The sublayers of block ``layer`` that ``weight_tp`` (linear path in the block, e.g. ``"mlp.w1"``
+    -> tp placement of its weight; a linear not listed is taken as split) keeps replicated.
+    Raises ``InvalidPlanError`` for a sublayer that is neither split the Megatron way nor all ``R``."""
+    out = set()
+    for sub, (cols, row) in SUBLAYERS[family].items():
+        names = (*cols, row)
+        got = tuple(weight_tp.get(f"{sub}.{n}") for n in names)
+        split = tuple(g or want for g, want in zip(got, ("S(0)",) * len(cols) + ("S(1)",)))
+        if all(g == "R" for g in got):
+            out.add(sub)
+        elif split != ("S(0)",) * len(cols) + ("S(1)",):
+            have = ", ".join(f"{n} {g or '-'}" for n, g in zip(names, got))
+            raise InvalidPlanError(
+                f"param_layouts: {layer}.{sub} has tp placements {have}; the runtime runs a sublayer either "
+                f"split ({', '.join(cols)} S(0), {row} S(1)) or replicated (all R). Re-plan, or give its "
+                "linear weights one of these two layouts")
+    return frozenset(out)
 
 
 # How each style maps onto its torch class: (class name, ((keyword, value), ...)), a value being a
