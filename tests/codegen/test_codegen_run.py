@@ -3,6 +3,7 @@ printed losses with one process training the same model on the same data. The ru
 trainer (``-m meshplan.runtime.train``) must print the same lines as the script."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -85,3 +86,21 @@ def test_emitted_dp_x_tp_script_and_runtime_trainer_agree(tmp_path) -> None:
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(_reference("llama-tiny")), atol=1e-5, rtol=1e-5)
     from_runtime = _torchrun(["-m", "meshplan.runtime.train", str(plan_file)], tmp_path)
     assert LINE.findall(from_runtime) == LINE.findall(from_script)  # the very same printed lines
+
+
+@pytest.mark.slow
+def test_emitted_script_with_a_replicated_mlp_matches_one_process(tmp_path) -> None:
+    """param_layouts keep every block's MLP replicated over tp (the intra-op program's "replicate"):
+    the script leaves its linears plain and gathers the S(1) stream around it."""
+    from meshplan.solver.layouts import param_layouts
+
+    plan = _plan("llama-tiny", dp=2, tp=2, sequence_parallel=True, nmb=2)
+    with torch.device("meta"):
+        names = tuple(n for n, _ in zoo.build("llama-tiny").named_parameters())
+    layouts = param_layouts(names, tp=2, zero=0, dp=2, tp_layouts={n: "R" for n in names if ".mlp.w" in n})
+    source = emit_source(dataclasses.replace(plan, param_layouts=layouts))
+    assert '"mlp": PrepareModuleInputOutput(' in source and '"mlp.w1"' not in source
+    script = tmp_path / "train_tp_layouts.py"
+    script.write_text(source)
+    losses = _losses(_torchrun([str(script)], tmp_path))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(_reference("llama-tiny")), atol=1e-5, rtol=1e-5)

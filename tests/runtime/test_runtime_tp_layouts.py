@@ -37,6 +37,8 @@ CASES_4 = [
          plan=dict(dp=2, tp=2, sp=True)),
     dict(name="llama cp2 x tp2 sp attn replicated", model="llama-tiny", replicate=["attn"],
          plan=dict(tp=2, sp=True, cp=2)),
+    dict(name="gpt pp2 x tp2 sp mlp replicated 1f1b", model="gpt-tiny", replicate=["mlp"],
+         plan=dict(pp=2, tp=2, sp=True, nmb=2)),
 ]
 
 

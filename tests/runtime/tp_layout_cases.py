@@ -28,7 +28,12 @@ def layouts_plan(model: str, replicate: tuple[str, ...], **plan_kw: Any) -> ir.P
     block (Megatron's split elsewhere), as the intra-op program would write them."""
     import dataclasses
 
-    plan = make_plan(model, **plan_kw)
+    if plan_kw.get("pp", 1) > 1:
+        from pipeline_cases import pipeline_plan
+
+        plan = pipeline_plan(model, **plan_kw)
+    else:
+        plan = make_plan(model, **plan_kw)
     net_names = _param_names(model)
     family = plan.model["family"]
     tp_layouts = {name: "R" for name in net_names for sub in replicate for lin in LINEARS[family][sub]
