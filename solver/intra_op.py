@@ -51,6 +51,17 @@ are those the styles perform at a module boundary: ``S(s) -> R`` (PrepareModuleI
 all-gather inside ColwiseParallel) and ``R -> S(s)`` (PrepareModuleOutput); ``S(h)`` tensors live
 only as local shards between a colwise and a rowwise linear. Solved with one worker and a fixed
 seed, so the same input gives the same answer.
+
+What the runtime executes of the answer is each linear's weight placement (``tp_placements``, into
+``plan.param_layouts``; ``codegen/tp_plans.py`` turns it into styles), per sublayer: all split the
+Megatron way, or all replicated. The rules above allow nothing else under ``RUNTIME_TRANSITIONS``:
+the attention core takes q, k and v alike (R or S(h)), so wq, wk and wv are all colwise or all
+replicated (which matters: the zoo's attention counts its heads from the projections' widths), and
+a colwise linear's ``S(h)`` output reaches the ``R``/``S(s)`` stream only through a rowwise one, so
+wo (fc2, w2) is rowwise exactly when the sublayer's first linears are colwise. A replicated
+sublayer needs no tp reduction of its weight gradients: every rank sees the whole input.
+Lowering refuses any other mix with the placements it found. Replicated linears are offered only
+when the search's ``Request.runtime`` has ``"tp_replicate"`` (``space.RUNTIME`` does).
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *,
                                             tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype)
 
 
-TP_REPLICATE = "tp_replicate"  # a replicated linear inside a tp block (codegen/tp_plans cannot say it yet)
+TP_REPLICATE = "tp_replicate"  # a replicated sublayer inside a tp block (codegen/tp_plans runs it plain)
 
 
 def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:

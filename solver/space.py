@@ -24,7 +24,9 @@ Rules, so that every candidate is one the runtime can execute and the topology r
   ``MAX_MICRO_BATCH`` sequences unless pinned (larger ones only add activation memory once the
   matmuls are large enough to run at full efficiency).
 
-``RUNTIME`` names what the runtime executes today; the search offers nothing else.
+``RUNTIME`` names what the runtime executes today; the search offers nothing else. ``tp_replicate``:
+inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's linears replicated
+(codegen/tp_plans.py runs them as plain modules on the whole stream).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from typing import Any
 
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
-RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp"})  # grows as the runtime does
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
+                     "tp_replicate"})  # grows as the runtime does
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism

@@ -12,7 +12,7 @@ import torch
 
 from meshplan import ir
 from meshplan.codegen import TensorParallel, lower
-from parity_support import assert_matches_reference, launch, reference
+from parity_support import GLOBAL_BATCH, SEQ_LEN, assert_matches_reference, launch, reference
 from tp_layout_cases import layouts_plan
 
 SEL = ("selective",) * 4
@@ -47,9 +47,27 @@ def ranks2(tmp_path_factory) -> list[dict]:
     return launch(tmp_path_factory, 2, "tp_layout_cases:run_cases", {"cases": CASES_2})
 
 
+def _planned() -> dict:
+    """The planner's own plan where replication wins (tests/solver/test_intra_op.py checks the choice):
+    gpt-tiny at dp2 x tp2 on 100 MB/s links keeps attention replicated and splits the MLP."""
+    import meshplan as mp
+    from meshplan.cost_model import parse_cluster
+
+    cpu = parse_cluster("cpu:1x4")
+    slow = dataclasses.replace(cpu, tiers=tuple(dataclasses.replace(t, bandwidth_Bps=1e8, collectives=())
+                                                for t in cpu.tiers))
+    plan = mp.autoparallelize("gpt-tiny", slow, global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, fixed={"tp": 2, "dp": 2})
+    return dict(name="planner gpt dp2 x tp2", model="gpt-tiny", replicate=["attn"], plan_json=plan.to_json())
+
+
 @pytest.fixture(scope="module")
-def ranks4(tmp_path_factory) -> list[dict]:
-    return launch(tmp_path_factory, 4, "tp_layout_cases:run_cases", {"cases": CASES_4})
+def planned() -> dict:
+    return _planned()
+
+
+@pytest.fixture(scope="module")
+def ranks4(tmp_path_factory, planned) -> list[dict]:
+    return launch(tmp_path_factory, 4, "tp_layout_cases:run_cases", {"cases": CASES_4 + [planned]})
 
 
 def _check(ranks: list[dict], case: dict) -> None:
@@ -75,6 +93,13 @@ def test_two_processes_match_one(ranks2, case) -> None:
 @pytest.mark.parametrize("case", CASES_4, ids=[c["name"] for c in CASES_4])
 def test_four_processes_match_one(ranks4, case) -> None:
     _check(ranks4, case)
+
+
+@pytest.mark.slow
+def test_the_planners_replicating_plan_matches_one_process(ranks4, planned) -> None:
+    plan = ir.Plan.from_json(planned["plan_json"])
+    assert "4 replicate" in plan.solver.intra_op and plan.mesh.tp == 2 and plan.mesh.dp == 2
+    _check(ranks4, planned)
 
 
 # ---- lowering, no processes ----------------------------------------------------------------------

@@ -164,3 +164,30 @@ def test_plan_takes_its_tp_layouts_from_the_program_and_reports_them() -> None:
     assert plan.param_layouts["layers.1.attn.wo.weight"][ir.AXES.index("tp")] == "S(1)"
     again = ir.Plan.from_json(plan.to_json())
     assert again.solver.intra_op == info.intra_op
+
+
+def test_planner_replicates_attention_on_slow_tp_links_and_lowering_runs_it_plain() -> None:
+    """With "tp_replicate" in the runtime's capabilities, a tiny GPT on 100 MB/s links keeps attention
+    replicated over tp (an all-gather costs less than the split saves there) and splits the MLP;
+    lowering then gives the attention linears no style. tests/runtime/test_runtime_tp_layouts.py
+    trains this very plan on 4 gloo processes against one."""
+    from meshplan.codegen import TensorParallel, lower
+    from meshplan.solver import RUNTIME
+
+    assert "tp_replicate" in RUNTIME
+    slow = dataclasses.replace(parse_cluster("cpu:1x4"), tiers=tuple(
+        dataclasses.replace(t, bandwidth_Bps=1e8, collectives=()) for t in parse_cluster("cpu:1x4").tiers))
+    plan = mp.autoparallelize("gpt-tiny", slow, global_batch=8, seq_len=16, fixed={"tp": 2, "dp": 2})
+    assert "6 linears: 1 colwise, 1 rowwise, 4 replicate" in plan.solver.intra_op
+    tp = ir.AXES.index("tp")
+    for i in range(4):
+        got = {lin: plan.param_layouts[f"layers.{i}.{lin}.weight"][tp]
+               for lin in ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc1", "mlp.fc2")}
+        assert got == {"attn.wq": "R", "attn.wk": "R", "attn.wv": "R", "attn.wo": "R", "mlp.fc1": "S(0)",
+                       "mlp.fc2": "S(1)"}
+    styled = {path for s in lower(plan).steps if isinstance(s, TensorParallel) and s.module == "layers.0"
+              for path, _ in s.plan}
+    assert {"mlp.fc1", "mlp.fc2"} <= styled and not any(p.startswith("attn.") for p in styled)
+    # on the cluster as it is, splitting both sublayers still wins (Megatron)
+    fast = mp.autoparallelize("gpt-tiny", "cpu:1x4", global_batch=8, seq_len=16, fixed={"tp": 2, "dp": 2})
+    assert "0 replicate" in fast.solver.intra_op
