@@ -3,10 +3,10 @@ plans on 4 gloo processes.
 
     python bench/cpu_memory.py [--nproc 4]
 
-Every plan is applied with the real runtime (``runtime.apply``), stepped once (the optimizer makes
-its state lazily), then stepped again while ``runtime.memory.measure_step_memory`` counts this
-rank's resident bytes (parameters, buffers, gradients, optimizer state) and the allocator's peak
-inside the step. The most loaded rank is compared with ``cost_model.estimate``'s
+Every plan is built and applied with the real runtime (``runtime.apply``), stepped once (the
+optimizer makes its state lazily), then stepped again, all under one memory profile
+(``runtime.memory.measure_plan_memory``): the bytes live when the measured step starts (resident:
+weights, gradients, optimizer state, DDP buckets, FSDP buffers) and the most live during it. The most loaded rank is compared with ``cost_model.estimate``'s
 ``peak_memory_bytes`` on ``cpu:1x<nproc>``: the prediction must never be the smaller (an
 under-estimate is an out-of-memory risk on a real cluster). Memory does not depend on load, so
 unlike the time benchmark this one is not disturbed by other work on the machine.
@@ -75,7 +75,7 @@ def _worker(rank: int, world: int, port: int, plans_json: str, output: str, erro
     from meshplan import ir, zoo
     from meshplan.codegen.lower import lower
     from meshplan.runtime import apply, init_distributed
-    from meshplan.runtime.memory import measure_step_memory
+    from meshplan.runtime.memory import measure_plan_memory
     from meshplan.runtime.train import synthetic_batch
 
     try:
@@ -88,14 +88,19 @@ def _worker(rank: int, world: int, port: int, plans_json: str, output: str, erro
             except ir.PlanError as exc:
                 results[label] = {"skipped": str(exc)}
                 continue
-            torch.manual_seed(0)
-            pm = apply(plan, zoo.build_from_config(plan.model))
-            pm.step(*synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 0))
-            mine = measure_step_memory(pm, *synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 1))
+            def setup(plan=plan):
+                torch.manual_seed(0)
+                pm = apply(plan, zoo.build_from_config(plan.model))
+                pm.step(*synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 0))
+                return pm
+
+            def step(pm, plan=plan):
+                pm.step(*synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 1))
+
+            mine = measure_plan_memory(setup, step)
             gathered: list[dict] = [{}] * world
             dist.all_gather_object(gathered, mine)
             results[label] = max(gathered, key=lambda m: m["peak"])
-            del pm
         if rank == 0:
             Path(output).write_text(json.dumps(results))
         dist.destroy_process_group()

@@ -78,7 +78,7 @@ def _fully_shard_lines(step: FullyShard, target: str) -> tuple[str, list[str]]:
 
 def _ddp_lines(step: DataParallel, target: str) -> tuple[str, list[str]]:
     return "parallelize", [f'{target} = DistributedDataParallel({target}, process_group=mesh["{step.mesh_axis}"]'
-                           ".get_group())"]
+                           ".get_group(), gradient_as_bucket_view=True)  # gradients live in the buckets"]
 
 
 def _shard_optimizer_lines(step: ShardOptimizer, target: str) -> tuple[str, list[str]]:

@@ -113,7 +113,8 @@ LOOP = '''
         inputs, targets = synthetic_batch(step, args.seed, dp_rank)
         losses = []  # filled on the last stage: one loss per micro-batch
         first_stage_inputs = (inputs.to(device),) if 0 in stage_ids else ()
-        schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses)
+        # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
+        schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)
         optimizer.step()
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=device)

@@ -139,6 +139,18 @@ def _calls(how: str, nbytes: float, params: RankParams, group_size: int) -> int:
     return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
 
 
+def _pipelined_ops(zero_stage: int, ops: tuple) -> tuple[tuple, tuple]:
+    """(per micro-batch, per step) ops of FSDP2 under ``torch.distributed.pipelining``: the stage
+    turns gradient sync and resharding after backward off for every micro-batch and reduces once after
+    the schedule, unhidden (``PipelineStage.backward_maybe_with_nosync``, ``perform_reduce_grad``),
+    so parameters gathered in a backward stay gathered: ZeRO-2 gathers once per step, ZeRO-3 gathers
+    every forward and once in the backward; gradients are reduced once, at the end."""
+    per_mb = tuple(op for op in ops if zero_stage == 3 and op[2] == "fwd")
+    per_step = tuple((kind, b, "end" if phase == "reduce" else phase, part, how)
+                     for kind, b, phase, part, how in ops if not (zero_stage == 3 and phase == "fwd"))
+    return per_mb, per_step
+
+
 def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int, dtype: str,
                        microbatches: int, fwd_window_s: float, bwd_window_s: float, software: Software = DEFAULT,
                        recomputed_share: float = 0.0, zero_group: int = 0) -> DataParallelCost:
@@ -147,7 +159,8 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     ``software.zero3_regather_recompute``). ``zero_group`` (HSDP, ZeRO-2/3): the dense parameters'
     gathers and reduce-scatters run inside groups of ``zero_group * cp`` ranks at stride tp, and each
     rank's gradient shard is then all-reduced over the ``dp // zero_group`` replicas at stride
-    ``tp * cp * zero_group``; the experts stay sharded over all their replicas."""
+    ``tp * cp * zero_group``; the experts stay sharded over all their replicas. Under pipeline
+    parallelism a program with ``software.fsdp_under_pipeline`` runs FSDP2 as ``_pipelined_ops`` says."""
     param_b, grad_b, _ = STATE_BYTES[dtype]
     grad_b = 4 if software.fp32_grad_reduce else grad_b
     replicas = mesh.dp * mesh.cp
@@ -158,41 +171,52 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
         replica_ar = (("all-reduce", grad_b, "reduce", 1.0, "units"),)
         groups.append((params.dense / shard, replicas // shard, mesh.tp * shard, replica_ar))
     regather = recomputed_share if zero_stage == 3 and software.zero3_regather_recompute else 0.0
+    pipelined = mesh.pp > 1 and software.fsdp_under_pipeline and (zero_stage >= 2 or (
+        zero_stage == 0 and software.fsdp_plain_dp))
     time_of = flat_collective_time if zero_stage == 3 and software.zero3_flat else collective_time
     # gathers FSDP issues ahead of the layer: all of it, or DeepSpeed's prefetch bucket's share
     ahead = 1.0 if software.zero3_prefetch_params is None else min(1.0, software.zero3_prefetch_params / params.bucket)
     hidden = {"fwd": ahead, "bwd": ahead, "reduce": 1.0 if software.overlap_grad_reduce else 0.0,
-              "update": 1.0 if software.overlap_param_gather else 0.0}
-    under = {"fwd": "fwd", "bwd": "bwd", "reduce": "bwd", "update": "fwd"}  # the compute that can hide it
-    waits = copies = 0.0
-    comm = dict.fromkeys(("fwd", "bwd"), 0.0)
-    tail = dict.fromkeys(("fwd", "bwd"), 0.0)
-    moved = 0.0
-    for count, size, stride, *own_ops in groups:
-        if count <= 0 or size <= 1:
-            continue
-        share = min(params.bucket / count, 1.0)
-        on_cores = all(t.kind == TierKind.SHARED_MEMORY for t, _ in group_phases(size, stride, cluster))
-        for kind, elem_b, phase, part, how in (own_ops[0] if own_ops else
-                                               _ops(zero_stage, param_b, grad_b, regather, software)):
-            # one collective's bandwidth time, plus the latency of every further call it is cut into
-            calls = _calls(how, part * count * elem_b, params, size)
-            t = part * time_of(kind, count * elem_b, size, stride, cluster)
-            t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
-            moved += part * bus_bytes(kind, count * elem_b, size)
-            if software.zero_copy_buffers and zero_stage >= 2 and kind in ("all-gather", "reduce-scatter"):
-                copies += part * 2 * count * elem_b
-            hides = 0.0 if on_cores else hidden[phase]
-            waits += (1.0 - hides) * t
-            comm[under[phase]] += hides * t
-            tail[under[phase]] += hides * t * share
-    (fwd_exposed, fwd_hidden), (bwd_exposed, bwd_hidden) = (_overlap(comm["fwd"], tail["fwd"], fwd_window_s),
-                                                            _overlap(comm["bwd"], tail["bwd"], bwd_window_s))
-    exposed = waits + fwd_exposed + bwd_exposed
+              "update": 1.0 if software.overlap_param_gather else 0.0, "end": 0.0}
+    under = {"fwd": "fwd", "bwd": "bwd", "reduce": "bwd", "update": "fwd", "end": "bwd"}  # what can hide it
     accel = cluster.accelerator
-    slowed = software.overlap_slowdown * (fwd_hidden + bwd_hidden)
-    if copies:
-        slowed += memory_time_s(accel, copies, 0)
+
+    def traffic(ops_of) -> tuple[float, float, float]:
+        """(exposed s, compute slowed s, bus bytes) of the ops ``ops_of(group_ops)`` keeps, run once."""
+        waits = copies = moved = 0.0
+        comm = dict.fromkeys(("fwd", "bwd"), 0.0)
+        tail = dict.fromkeys(("fwd", "bwd"), 0.0)
+        for count, size, stride, *own_ops in groups:
+            if count <= 0 or size <= 1:
+                continue
+            share = min(params.bucket / count, 1.0)
+            on_cores = all(t.kind == TierKind.SHARED_MEMORY for t, _ in group_phases(size, stride, cluster))
+            for kind, elem_b, phase, part, how in ops_of(own_ops[0] if own_ops else
+                                                        _ops(zero_stage, param_b, grad_b, regather, software)):
+                # one collective's bandwidth time, plus the latency of every further call it is cut into
+                calls = _calls(how, part * count * elem_b, params, size)
+                t = part * time_of(kind, count * elem_b, size, stride, cluster)
+                t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
+                moved += part * bus_bytes(kind, count * elem_b, size)
+                if software.zero_copy_buffers and zero_stage >= 2 and kind in ("all-gather", "reduce-scatter"):
+                    copies += part * 2 * count * elem_b
+                hides = 0.0 if on_cores else hidden[phase]
+                waits += (1.0 - hides) * t
+                comm[under[phase]] += hides * t
+                tail[under[phase]] += hides * t * share
+        (fwd_exposed, fwd_hidden), (bwd_exposed, bwd_hidden) = (_overlap(comm["fwd"], tail["fwd"], fwd_window_s),
+                                                                _overlap(comm["bwd"], tail["bwd"], bwd_window_s))
+        slowed = software.overlap_slowdown * (fwd_hidden + bwd_hidden)
+        if copies:
+            slowed += memory_time_s(accel, copies, 0)
+        return waits + fwd_exposed + bwd_exposed, slowed, moved
+
+    if pipelined:
+        (mb_s, mb_slowed, mb_moved), (step_s, step_slowed, step_moved) = (
+            traffic(lambda ops: _pipelined_ops(zero_stage, ops)[0]), traffic(lambda ops: _pipelined_ops(zero_stage, ops)[1]))
+        return DataParallelCost(per_microbatch_s=mb_s, per_step_s=step_s, bus_bytes=mb_moved * microbatches + step_moved,
+                                compute_per_microbatch_s=mb_slowed, compute_per_step_s=step_slowed)
+    exposed, slowed, moved = traffic(lambda ops: ops)
     if zero_stage >= 2:
         return DataParallelCost(per_microbatch_s=exposed, per_step_s=0.0, bus_bytes=moved * microbatches,
                                 compute_per_microbatch_s=slowed)

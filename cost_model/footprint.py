@@ -9,7 +9,9 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
                                  logits and loss of one micro-batch (all of them under GPipe): whole
                                  on every TP rank unless the program's loss is vocab-parallel
     buffers                      communication buffers (TP gather outputs, pipeline send/recv,
-                                 expert all-to-all, ring-attention K/V, FSDP unsharded layers), the
+                                 expert all-to-all, ring-attention K/V, FSDP unsharded layers, the
+                                 unsharded copy of FSDP2 standing in for DDP, FSDP2's unsharded
+                                 gradients under torch pipelining), the
                                  optimizer step's temporaries where they exceed the freed
                                  activations, and an allowance for the caching allocator
 
@@ -57,7 +59,8 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     return total
 
 
-def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float) -> float:
+def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense_params: float,
+                  software: Software) -> float:
     d, mesh, ab = summary.dims, plan.mesh, ACTIVATION_BYTES[plan.dtype]
     act = plan.micro_batch_size * plan.seq_len / mesh.cp * d.hidden * ab
     total = 0.0
@@ -70,10 +73,20 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float) -> fl
     if mesh.cp > 1:
         total += 2 * 2 * plan.micro_batch_size * plan.seq_len * kv_width(d) / mesh.tp * ab  # K,V and their grads
     param_b, grad_b, _ = STATE_BYTES[plan.dtype]
+    if mesh.pp > 1 and software.fsdp_under_pipeline and plan.zero_stage >= 2 and mesh.dp * mesh.cp > 1:
+        # torch pipelining keeps FSDP2's gradients unsharded over the micro-batches, and ZeRO-3's
+        # parameters gathered after the first backward, until its reduce after the schedule
+        total += dense_params * grad_b + (dense_params * param_b if plan.zero_stage == 3 else 0.0)
     if plan.zero_stage == 3:
         total += bucket_params * (2 * param_b + grad_b)  # current + prefetched layer, unsharded grads
     elif plan.zero_stage == 2:
         total += bucket_params * grad_b
+    elif (plan.zero_stage == 0 and software.fsdp_plain_dp and mesh.dp * mesh.cp > 1
+          and (mesh.tp > 1 or mesh.pp > 1 or mesh.ep > 1)):
+        total += dense_params * param_b + bucket_params * grad_b  # FSDP2's unsharded copy, held fwd -> bwd
+    elif (plan.zero_stage <= 1 and software.ddp_accumulation_copy and plan.num_microbatches > 1
+          and mesh.dp * mesh.cp > 1 and mesh.tp == mesh.pp == mesh.ep == 1):
+        total += dense_params * grad_b  # DDP's buckets beside the gradients accumulated under no_sync
     return total
 
 
@@ -88,7 +101,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=plan.dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     activations = _activations(summary, plan, layers, software)
-    buffers = _comm_buffers(summary, plan, params.bucket)
+    buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
     optimizer_temp = states["optimizer"] / STATE_BYTES[plan.dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)

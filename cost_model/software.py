@@ -46,6 +46,18 @@ Fields:
   ``foreach_reduce`` packs the gradients with ``chunk_cat`` before the reduce-scatter, because each
   parameter is sharded on its own dim 0); else the parameters are views into the flat buffer
   (DeepSpeed ZeRO-3's partitioned parameters).
+* ``fsdp_plain_dp``: plain data parallelism beside TP, PP or EP runs as FSDP2 with shard groups of
+  one (DDP cannot wrap DTensor parameters or run under ``torch.distributed.pipelining``;
+  ``codegen/lower.py``), which gathers each layer's parameters into a second, unsharded copy and
+  keeps it from the forward to the end of the backward (``reshard_after_forward=False``).
+* ``fsdp_under_pipeline``: FSDP2 modules inside ``torch.distributed.pipelining`` stages accumulate
+  unsharded gradients over the micro-batches, keep parameters gathered after the first backward and
+  reduce once after the schedule, not overlapped (``PipelineStage.backward_maybe_with_nosync`` and
+  ``perform_reduce_grad``); ``data_parallel._pipelined_ops``, ``footprint``.
+* ``ddp_accumulation_copy``: with PyTorch DDP and more than one micro-batch, the gradients of the
+  micro-batches run under ``no_sync()`` accumulate in ``param.grad`` outside DDP's all-reduce buckets,
+  so the buckets are a second copy of them (with one micro-batch, ``gradient_as_bucket_view=True``
+  makes the gradients views into the buckets: one copy).
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
   ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
   each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
@@ -82,6 +94,9 @@ class Software:
     zero3_regather_recompute: bool = False
     zero_copy_buffers: bool = False
     vocab_parallel_loss: bool = True
+    fsdp_plain_dp: bool = False
+    ddp_accumulation_copy: bool = False
+    fsdp_under_pipeline: bool = False
     overlap_slowdown: float = 0.189
 
     def __post_init__(self) -> None:
@@ -98,7 +113,9 @@ class Software:
 # reductions with the backward and FSDP2 prefetches the next layer (and copies parameters out of,
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
 # (runtime/planned.py).
-DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False)
+DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
+                   fsdp_plain_dp=True, ddp_accumulation_copy=True,
+                   fsdp_under_pipeline=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout

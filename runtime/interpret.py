@@ -91,7 +91,9 @@ def _fully_shard(step: FullyShard, state: State) -> None:
 
 def _data_parallel(step: DataParallel, state: State) -> None:
     group = state.mesh[step.mesh_axis].get_group()
-    state.set(step.module, DistributedDataParallel(state.get(step.module), process_group=group))
+    # gradients live in DDP's all-reduce buckets instead of beside them: one copy of them, not two
+    state.set(step.module, DistributedDataParallel(state.get(step.module), process_group=group,
+                                                   gradient_as_bucket_view=True))
     state.ddp = state.ddp or step.module == ""
 
 

@@ -1,14 +1,12 @@
 """What one training step really holds in memory, measured on this rank: the check of the cost
 model's memory prediction (``Prediction.peak_memory_bytes``, which must never be below it).
 
-    peak = resident + max over the step of (bytes allocated since the step began - bytes freed)
-
-``resident`` is what lives across steps: this rank's parameters (their local shards under
-DTensor/FSDP2), buffers, gradients still attached and the optimizer's state, each storage counted
-once. The in-step part comes from PyTorch's own allocator accounting: ``torch.profiler`` with
-``profile_memory=True`` records every allocation and free with the allocator's running total
-("Total Allocated"), on CPU as on CUDA. Blocks allocated before the step and freed inside it are not
-subtracted by that counter, so the figure errs high, never low. On CUDA the allocator's
+``measure_plan_memory`` runs the set-up (model, plan, a first step) and the measured step under one
+``torch.profiler`` profile with ``profile_memory=True``, which records every allocation and free of
+PyTorch's allocator with its address and size, on CPU as on CUDA; replaying them gives the bytes
+live at each moment: ``resident`` when the step starts (parameters and their shards, gradients,
+optimizer state, DDP buckets, FSDP buffers), ``peak`` the most during it. ``resident_bytes`` counts
+only what is reachable from the module and optimizer (a check of the replay). On CUDA the allocator's
 ``max_memory_allocated`` gives the same figure; this module is for the CPU ranks that tests and
 ``bench/cpu_memory.py`` run, where PyTorch keeps no such peak.
 """
@@ -21,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -44,34 +42,58 @@ def resident_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -
     return sum(seen.values())
 
 
-def step_allocated_peak(run_step) -> int:
-    """The most bytes ``run_step()`` holds at once beyond what existed before it (allocator's count)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        run_step()
+def _memory_events(prof) -> tuple[list[dict], list[dict]]:
+    """The CPU allocator's [memory] events and the op/annotation events of a finished profile."""
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp, "trace.json")
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
-    totals = [e["args"]["Total Allocated"] for e in events
-              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
-    return max([0, *totals])
+    memory = sorted((e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0),
+                    key=lambda e: e["ts"])
+    return memory, [e for e in events if e.get("ph") == "X"]
 
 
-def measure_step_memory(pm, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, int]:
-    """{"resident", "in_step", "peak"} bytes of one ``pm.step(inputs, targets)`` on this rank.
-    Run a step first: the optimizer creates its state lazily on the first one."""
-    resident = resident_bytes(pm.module, None) + _optimizer_bytes(pm.optimizer)  # under pp: this rank's stages
-    in_step = step_allocated_peak(lambda: pm.step(inputs, targets))
-    return {"resident": resident, "in_step": in_step, "peak": resident + in_step}
+def _live_bytes(memory: list[dict]) -> list[tuple[float, int]]:
+    """(time, bytes live) after each event, counting only blocks allocated inside the profile: the
+    allocator's own running total is process-wide and drifts across profiles."""
+    live: dict[int, int] = {}
+    total, out = 0, []
+    for e in memory:
+        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            live[addr] = nbytes
+            total += nbytes
+        elif addr in live:
+            total -= live.pop(addr)
+        out.append((e["ts"], total))
+    return out
 
 
-def _optimizer_bytes(optimizer) -> int:
-    """The optimizer's state (a ZeroRedundancyOptimizer keeps only this rank's shard of it)."""
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer wraps the local optimizer
-    seen: dict[int, int] = {}
-    for state in inner.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor) and v.numel() > 1:
-                storage = _local(v).untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+def step_allocated_peak(run_step) -> int:
+    """The most bytes ``run_step()`` holds at once beyond what existed before it (blocks it frees
+    that were allocated before it are not subtracted, so this errs high)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run_step()
+    memory, _ = _memory_events(prof)
+    return max([0, *(b for _, b in _live_bytes(memory))])
+
+
+MEASURED = "meshplan.measured_step"
+
+
+def measure_plan_memory(setup, step) -> dict[str, int]:
+    """{"resident", "in_step", "peak"} bytes: ``state = setup()`` (build the model, apply the plan, a
+    first step so the optimizer makes its state) and ``step(state)`` run under one memory profile, so
+    that every block the plan allocates is seen (DDP's buckets, FSDP's buffers, optimizer state);
+    ``resident`` is what is live when the measured step starts, ``peak`` the most live during it."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        state = setup()
+        with record_function(MEASURED):
+            step(state)
+    memory, ops = _memory_events(prof)
+    window = next(e for e in ops if e.get("name") == MEASURED)
+    begin, end = window["ts"], window["ts"] + window["dur"]
+    series = _live_bytes(memory)
+    resident = ([0] + [b for t, b in series if t < begin])[-1]
+    peak = max([resident, *(b for t, b in series if begin <= t <= end)])
+    return {"resident": resident, "in_step": peak - resident, "peak": peak}

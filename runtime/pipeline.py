@@ -159,7 +159,8 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
     the batch on every rank of the pp group (only the last stage computes it)."""
     losses: list[torch.Tensor] = []
     args = (inputs.to(device),) if pipe.holds_first else ()  # later stages receive activations
-    pipe.schedule.step(*args, target=targets.to(device), losses=losses)
+    # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
+    pipe.schedule.step(*args, target=targets.to(device), losses=losses, return_outputs=False)
     loss_sum = torch.zeros((), device=device)
     for loss in losses:
         loss_sum += loss.detach()

@@ -49,7 +49,8 @@ def test_zero3_tp_script_reads_like_a_recipe() -> None:
 def test_plain_dp_script_uses_ddp_and_accumulates_locally() -> None:
     src = emit_source(plan("llama", dp=4, nmb=2))
     compile(src, "t.py", "exec")
-    assert 'model = DistributedDataParallel(model, process_group=mesh["dp"].get_group())' in src
+    assert ('model = DistributedDataParallel(model, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True)'
+            in src)
     assert "model.no_sync()" in src and "import contextlib" in src
     assert "parallelize_module" not in src and "fully_shard" not in src  # only the imports it uses
 

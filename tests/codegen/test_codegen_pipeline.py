@@ -90,7 +90,7 @@ def test_script_builds_stages_and_the_schedule() -> None:
             "        parallelize_module(model.embed") in src
     assert "    for i in held(model, range(6)):\n        parallelize_module(model.layers[i]" in src
     assert "    for i in held(model, (0,)):\n        model.layers[i] = checkpoint_wrapper(" in src
-    assert "schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses)" in src
+    assert "schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)" in src
     single = emit_source(pipelined("gpt", schedule="gpipe"))
     assert "ScheduleGPipe(\n        stages[0], n_microbatches" in single and "DistributedDataParallel" not in single
 
