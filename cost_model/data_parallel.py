@@ -47,7 +47,9 @@ once more per collective: ``2 * bytes`` at HBM bandwidth per gather and per redu
 micro-batch, also reported as compute.
 
 On a shared-memory tier (CPU processes over gloo) a collective is copied and reduced by the same
-cores that compute, so overlapping it with compute saves nothing: all of it is exposed.
+cores that compute, so overlapping it with compute saves nothing: all of it is exposed, and each call
+also waits for the rank that computes last (``Accelerator.sync_overhead_s``, calibrated; zero on GPU
+presets).
 
 The optimizer step (Adam) is memory-bound: about 36 bytes per parameter of its shard (fp32
 master, momentum and variance read and written, the gradient read for the update and for the
@@ -197,6 +199,8 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
                 calls = _calls(how, part * count * elem_b, params, size)
                 t = part * time_of(kind, count * elem_b, size, stride, cluster)
                 t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
+                if on_cores:  # CPU ranks: each call also waits for the rank computing last (calibrated)
+                    t += calls * part * accel.sync_overhead_s
                 moved += part * bus_bytes(kind, count * elem_b, size)
                 if software.zero_copy_buffers and zero_stage >= 2 and kind in ("all-gather", "reduce-scatter"):
                     copies += part * 2 * count * elem_b

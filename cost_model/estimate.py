@@ -11,6 +11,7 @@ ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
          + m * v * 2 * send_recv(b*s*h)       pipeline activations forward and gradients backward,
                                               exposed per micro-batch (Narayanan 2021 sec. 4.1)
          + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
+         + the loss all-reduce                over dp x cp (and pp), for the step's mean loss
          + optimizer step                     data_parallel.optimizer_step_s, reported in "compute",
                                               plus its eager ops' dispatch (dispatch.py) and its
                                               square roots at their measured rate (0 on GPUs)
@@ -39,7 +40,7 @@ from .data_parallel import DataParallelCost, RankParams, data_parallel_cost, opt
 from .dispatch import optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
 from .footprint import peak_memory
-from .hardware import Cluster
+from .hardware import Cluster, TierKind
 from .kernels import transcendental_excess_s
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
@@ -173,7 +174,20 @@ def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[
     act = (plan.micro_batch_size * plan.seq_len / m.cp * summary.dims.hidden * ACTIVATION_BYTES[plan.dtype]
            / (m.tp if plan.sequence_parallel else 1))
     transfers = plan.num_microbatches * plan.vp * 2  # activation forward, its gradient backward
-    return transfers * collective_time("send-recv", act, 2, m.dp * m.cp * m.tp, cluster), transfers * act
+    each = collective_time("send-recv", act, 2, m.dp * m.cp * m.tp, cluster) + _sync_wait(cluster)
+    return transfers * each, transfers * act
+
+
+def _sync_wait(cluster: Cluster) -> float:
+    """What a blocking call waits for the rank that computes last: calibrated on CPU ranks, 0 on GPUs."""
+    return cluster.accelerator.sync_overhead_s if cluster.tiers[0].kind == TierKind.SHARED_MEMORY else 0.0
+
+
+def _loss_reduce_s(cluster: Cluster, plan: Plan) -> float:
+    """The step's mean loss, all-reduced over the ranks that see other tokens (and the pipeline)."""
+    m = plan.mesh
+    t = collective_time("all-reduce", 4.0, m.dp * m.cp, m.tp, cluster) + _sync_wait(cluster)
+    return t + (collective_time("all-reduce", 4.0, m.pp, m.dp * m.cp * m.tp, cluster) if m.pp > 1 else 0.0)
 
 
 def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software = DEFAULT) -> Prediction:
@@ -189,7 +203,7 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     ranks = rank_layers(plan, dims.layers)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
-    time_s = _step_parts(times, cluster, plan, p2p_s)
+    time_s = _step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan))
     memory = peak_memory(summary, plan, ranks, software)
     return _prediction(dims, cluster, plan, ranks, sum(time_s.values()), time_s, memory,
                        _comm_bytes(times, m, p2p_bytes))

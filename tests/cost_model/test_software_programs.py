@@ -187,3 +187,35 @@ def test_cpu_ranks_pay_no_contention_since_nothing_overlaps() -> None:
     cost = data_parallel_cost(params, cluster=cluster, mesh=ir.Mesh(dp=4), zero_stage=0, dtype="float32",
                               microbatches=1, fwd_window_s=10.0, bwd_window_s=10.0)
     assert cost.compute_per_step_s == 0.0 and cost.per_step_s > 0.0
+
+
+def test_fsdp_under_torch_pipelining_reduces_once_after_the_schedule() -> None:
+    """PipelineStage turns FSDP2's gradient sync off for each micro-batch and reduces after the
+    schedule: ZeRO-2 under pp moves one gather and one reduce-scatter per step whatever the
+    micro-batch count, and the reduce-scatter waits (nothing left to hide it under)."""
+    from meshplan.cost_model.data_parallel import RankParams, data_parallel_cost
+    cluster = Cluster.preset("a100-80gb", nodes=16)
+    params = RankParams(dense=4e9, expert=0.0, bucket=4e9 / 16, units=17)
+    cost = {m: data_parallel_cost(params, cluster=cluster, mesh=ir.Mesh(pp=2, dp=32, tp=2), zero_stage=2,
+                                  dtype="bfloat16", microbatches=m, fwd_window_s=10.0, bwd_window_s=20.0)
+            for m in (4, 16)}
+    assert cost[4].bus_bytes == cost[16].bus_bytes and cost[4].per_microbatch_s == 0.0
+    rs = collective_time("reduce-scatter", 4e9 * 2, 32, 2, cluster) + 16 * collective_time(
+        "reduce-scatter", 1.0, 32, 2, cluster)
+    ag = collective_time("all-gather", 4e9 * 2, 32, 2, cluster) + 16 * collective_time(
+        "all-gather", 1.0, 32, 2, cluster)
+    assert cost[4].per_step_s == pytest.approx(rs + ag / 16)  # and the first unit's gather, which nothing hides
+    flat = data_parallel_cost(params, cluster=cluster, mesh=ir.Mesh(dp=64, tp=2), zero_stage=2, dtype="bfloat16",
+                              microbatches=4, fwd_window_s=10.0, bwd_window_s=20.0)
+    assert flat.bus_bytes == pytest.approx(4 * cost[4].bus_bytes)  # without pp: per micro-batch
+
+
+def test_cpu_collectives_each_wait_for_the_last_rank() -> None:
+    from meshplan.cost_model.data_parallel import RankParams, data_parallel_cost
+    cluster = Cluster.preset("cpu", gpus_per_node=4)
+    slow = dataclasses.replace(cluster, accelerator=dataclasses.replace(cluster.accelerator, sync_overhead_s=1e-3))
+    params = RankParams(dense=1e6, expert=0.0, bucket=1e5, units=5)
+    cost = [data_parallel_cost(params, cluster=c, mesh=ir.Mesh(dp=4), zero_stage=3, dtype="float32",
+                               microbatches=1, fwd_window_s=0.0, bwd_window_s=0.0) for c in (cluster, slow)]
+    # ZeRO-3: gather forward, gather backward, reduce-scatter, one call per FSDP unit each
+    assert cost[1].per_microbatch_s - cost[0].per_microbatch_s == pytest.approx(3 * 5 * 1e-3)
