@@ -205,7 +205,7 @@ def test_fsdp_under_torch_pipelining_reduces_once_after_the_schedule() -> None:
     ag = collective_time("all-gather", 4e9 * 2, 32, 2, cluster) + 16 * collective_time(
         "all-gather", 1.0, 32, 2, cluster)
     assert cost[4].per_step_s == pytest.approx(rs + ag / 16)  # and the first unit's gather, which nothing hides
-    flat = data_parallel_cost(params, cluster=cluster, mesh=ir.Mesh(dp=64, tp=2), zero_stage=2, dtype="bfloat16",
+    flat = data_parallel_cost(params, cluster=cluster, mesh=ir.Mesh(dp=32, tp=2), zero_stage=2, dtype="bfloat16",
                               microbatches=4, fwd_window_s=10.0, bwd_window_s=20.0)
     assert flat.bus_bytes == pytest.approx(4 * cost[4].bus_bytes)  # without pp: per micro-batch
 
