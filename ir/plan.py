@@ -96,6 +96,7 @@ class SolverInfo:
     intra_op: str = ""  # the per-op tp layout inside a block, in words (solver/intra_op.py)
     intra_op_variables: int = 0
     intra_op_constraints: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of the search, in order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -143,6 +143,8 @@ def _solver(s: Any, where: str, cls: type) -> Any:
     for key in ("candidates", "pruned", "variables", "constraints", "intra_op_variables", "intra_op_constraints"):
         if key in s:
             kw[key] = _int(s[key], where, f"solver.{key}")
+    if "phases" in s:
+        kw["phases"] = _number_dict(s["phases"], where, "solver.phases")
     for key in ("binding", "intra_op"):
         if key in s:
             kw[key] = str(s[key])

@@ -45,6 +45,8 @@ def report(plan: Plan) -> str:
         s = plan.solver
         lines += ["", f"solver: {s.status}, gap {s.gap:.2%}, {s.wall_s:.2f} s; {s.candidates} candidates, "
                   f"{s.pruned} pruned (cannot fit); ILP {s.variables} variables, {s.constraints} constraints"]
+        if s.phases:
+            lines.append("phases: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in s.phases.items()))
         if s.intra_op:
             lines.append(f"intra-op: {s.intra_op}; ILP {s.intra_op_variables} variables, "
                          f"{s.intra_op_constraints} constraints")

@@ -14,7 +14,7 @@ Phases, each timed into the plan's solver statistics:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
@@ -118,6 +118,11 @@ class _Search:
     costs: dict[int, ilp.CandidateCost]
     limit: float
     start: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, name: str) -> None:
+        """Record the wall time since the previous phase ended as ``name``'s."""
+        self.phases[name] = time.perf_counter() - self.start - sum(self.phases.values())
 
 
 def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tuple[Plan, ...]:
@@ -127,8 +132,10 @@ def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tup
     req = replace(req, fixed=fixed)
     start = time.perf_counter()
     s = _bounded(req, start)
+    s.lap("enumerate + bound")
     say(f"{len(s.cands)} candidates costed in {time.perf_counter() - start:.2f} s")
     window, problem, sol = _solve_window(s, fixed, say)
+    s.lap("window + ILP")
     found = [(window[sol.candidate], sol)]
     problem = _exclude(problem, window, window[sol.candidate])
     while len(found) < max(1, req.top) and req.time_limit_s - (time.perf_counter() - start) > 0:
@@ -137,6 +144,7 @@ def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tup
             break
         found.append((window[nxt.candidate], nxt))
         problem = _exclude(problem, window, window[nxt.candidate])
+    s.lap("runners-up")
     say(f"solved in {time.perf_counter() - start:.2f} s: {found[0][0].describe()} ({sol.status})")
     return _finish(s, found, fixed)
 
@@ -196,6 +204,7 @@ def _fit(req: Request, cand: Candidate, selective: int, full: int, per_rank: int
 
 def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
     plans = [_fit(s.req, cand, *sol.recompute_layers, cost_layers(s, cand)) for cand, sol in found]
+    s.lap("fit + layouts")
     best_sol = found[0][1]
     evaluated = {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
     info = SolverInfo(status="EVALUATED" if evaluated else best_sol.status,
@@ -203,7 +212,7 @@ def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
                       pruned=len(s.cands) - sum(min_memory(c) <= s.limit for c in s.costs.values()),
                       variables=best_sol.variables, constraints=best_sol.constraints, binding=binding(plans[0]),
                       **_intra_op_info(s.req, found[0][0]),
-                      alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]))
+                      alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]), phases=dict(s.phases))
     return tuple(replace(p, solver=info if i == 0 else None) for i, p in enumerate(plans))
 
 

@@ -101,3 +101,12 @@ def test_out_of_time_returns_the_best_plan_found_with_its_gap() -> None:
     assert rushed.prediction.step_time_s >= proper.prediction.step_time_s
     assert rushed.prediction.peak_memory_bytes <= rushed.prediction.memory_limit_bytes
     assert f"gap {100 * rushed.solver.gap:.2f}%" in rushed.report()
+
+
+def test_solver_statistics_time_each_phase_and_survive_json() -> None:
+    plan = mp.autoparallelize("llama3-8b", "h100-sxm:1x8", global_batch=16, seq_len=4096)
+    phases = plan.solver.phases
+    assert list(phases) == ["enumerate + bound", "window + ILP", "runners-up", "fit + layouts"]
+    assert all(t >= 0 for t in phases.values()) and sum(phases.values()) <= plan.solver.wall_s + 1e-6
+    assert "phases: enumerate + bound" in plan.report()
+    assert ir.Plan.from_json(plan.to_json()).solver.phases == pytest.approx(phases)
