@@ -14,6 +14,7 @@ as a value (``Cluster``), nothing here queries a device, torch or the environmen
     pipeline.py      stages per pipeline rank, bubble, micro-batches in flight
     data_parallel.py DP/ZeRO traffic and overlap, the optimizer step
     footprint.py     peak memory per GPU
+    sublayers.py     sublayers a plan keeps whole over tp (the intra-op program's choice), priced whole
     estimate.py      estimate(graph, cluster, plan) -> ir.Prediction
 """
 from .catalog import cluster_from_dict, parse_cluster, preset_data, preset_names

@@ -92,8 +92,9 @@ class DataParallelCost:
     compute_per_step_s: float = 0.0  # the same, once per step (DP, ZeRO-1)
 
 
-def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int) -> RankParams:
-    per_layer = summary.tp_params / tp + summary.norm_params
+def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int, replicated: float = 0.0) -> RankParams:
+    """``replicated``: parameters per layer a plan keeps whole over tp (``estimate.replicated_sublayers``)."""
+    per_layer = (summary.tp_params - replicated) / tp + replicated + summary.norm_params
     experts = summary.expert_params / (tp * ep)
     edges = [per_layer + experts]
     dense = layers.layers * per_layer

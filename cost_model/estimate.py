@@ -30,7 +30,7 @@ so that a call costs tens of microseconds after the first.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir.errors import InvalidPlanError
 from ..ir.graph import Graph, ModelDims
@@ -46,6 +46,7 @@ from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
 from .pipeline import RankLayers, bubble_s, rank_layers
 from .software import DEFAULT, Software
+from .sublayers import replicated_sublayers, sublayer_shares
 from .summary import ModelSummary, summary_of
 
 FAMILIES = ("tp", "cp", "ep", "pp", "dp")
@@ -87,6 +88,18 @@ def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
                                f"{dims.experts % m.ep}")
 
 
+def _with_replicated(layer: LayerCost, whole: LayerCost, shares: dict[str, tuple[float, float]],
+                     replicated: frozenset[str]) -> LayerCost:
+    """The layer with the ``replicated`` sublayers' compute at tp = 1 (their FLOP share of the whole
+    layer's time). Their TP communication is kept (conservative: without SP a replicated sublayer
+    communicates nothing; with SP it gathers and slices the same volume)."""
+    share = sum(shares[sub][0] for sub in replicated)
+    core = whole.core_fwd_s if "attn" in replicated else layer.core_fwd_s
+    return replace(layer, fwd_compute_s=layer.fwd_compute_s + share * (whole.fwd_compute_s - layer.fwd_compute_s),
+                   bwd_compute_s=layer.bwd_compute_s + share * (whole.bwd_compute_s - layer.bwd_compute_s),
+                   core_fwd_s=core)
+
+
 def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, summary: ModelSummary,
                cluster: Cluster, plan: Plan, software: Software) -> RankTime:
     n = layers.layers
@@ -98,7 +111,8 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     if edge is not None:
         fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
         moved["tp"] += edge.comm_bytes_fwd["tp"]
-    params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep)
+    replicated = sum(sublayer_shares(summary.dims, plan.seq_len)[sub][1] for sub in replicated_sublayers(plan))
+    params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep, replicated)
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
                             microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)
@@ -134,6 +148,9 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
                 ranks: tuple[RankLayers, ...], software: Software) -> list[RankTime]:
     """One entry per pipeline rank (ranks with the same layers are timed once)."""
     layer = layer_cost(shape, cluster)
+    if replicated := replicated_sublayers(plan):
+        whole = layer_cost(replace(shape, tp=1, sp=False), cluster)
+        layer = _with_replicated(layer, whole, sublayer_shares(shape.dims, plan.seq_len), replicated)
     seen: dict[tuple, RankTime] = {}
     out = []
     for r in ranks:

@@ -30,6 +30,7 @@ from .flops import kv_width
 from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
 from .pipeline import RankLayers, inflight_microbatches
 from .software import DEFAULT, Software
+from .sublayers import replicated_sublayers, sublayer_shares
 from .summary import ModelSummary
 
 ALLOCATOR_FRACTION = 0.10
@@ -38,7 +39,8 @@ KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
     d, mesh = summary.dims, plan.mesh
-    common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=mesh.tp, sp=plan.sequence_parallel,
+    split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
+    common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
                   cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout)
     per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
@@ -94,7 +96,9 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
                 software: Software = DEFAULT) -> dict[str, float]:
     """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
     mesh = plan.mesh
-    params = rank_params(summary, layers, mesh.tp, mesh.ep)
+    replicated = replicated_sublayers(plan)
+    whole = sum(sublayer_shares(summary.dims, plan.seq_len)[sub][1] for sub in replicated)
+    params = rank_params(summary, layers, mesh.tp, mesh.ep, whole)
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=plan.dtype)
