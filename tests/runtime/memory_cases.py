@@ -1,0 +1,27 @@
+"""Rank-side code for tests/runtime/test_runtime_memory.py: measure what a plan's step really holds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from meshplan import ir, zoo
+from meshplan.runtime import apply
+from meshplan.runtime.memory import measure_plan_memory
+from meshplan.runtime.train import synthetic_batch
+
+
+def measure(rank: int, world_size: int, plans: dict[str, dict], outdir: Path) -> None:
+    out = {}
+    for name, data in plans.items():
+        plan = ir.Plan.from_dict(data)
+        batch = lambda step: synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, step)  # noqa: E731
+
+        def setup(plan=plan):
+            torch.manual_seed(0)
+            pm = apply(plan, zoo.build_from_config(plan.model))
+            pm.step(*batch(0))
+            return pm
+
+        out[name] = measure_plan_memory(setup, lambda pm: pm.step(*batch(1)))
+    torch.save(out, outdir / f"rank{rank}.pt")
