@@ -98,6 +98,9 @@ class Accelerator:
     # seconds per byte of faulting in fresh pages: what a tensor of at least FRESH_PAGES_BYTES costs
     # beyond its writes on a CPU (glibc serves it with a new mmap each time); 0 on GPUs (cached allocator)
     first_touch_s_per_byte: float = 0.0
+    # measured (head dim, forward efficiency, backward time over forward) of the fused attention, by
+    # head dim (CPU profiles); empty: attention_efficiency and a backward of 2.5 forwards at every head dim
+    attention_by_head_dim: tuple[tuple[float, float, float], ...] = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -134,6 +137,11 @@ class Accelerator:
             if op not in TRANSCENDENTAL_OPS or not per_elem_s > 0:
                 raise InvalidClusterError(f"{who}: transcendental_s_per_elem needs ops among {TRANSCENDENTAL_OPS} "
                                           f"with positive seconds, got ({op!r}, {per_elem_s!r})")
+        object.__setattr__(self, "attention_by_head_dim", tuple(tuple(r) for r in self.attention_by_head_dim))
+        for head_dim, eff, bwd_ratio in self.attention_by_head_dim:
+            if not (head_dim > 0 and 0 < eff <= 1 and bwd_ratio > 0):
+                raise InvalidClusterError(f"{who}: attention_by_head_dim needs (head_dim > 0, efficiency in (0, 1], "
+                                          f"backward ratio > 0), got ({head_dim!r}, {eff!r}, {bwd_ratio!r})")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -142,7 +150,8 @@ class Accelerator:
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
             self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
-            self.sync_overhead_s, self.transcendental_s_per_elem, self.first_touch_s_per_byte)))
+            self.sync_overhead_s, self.transcendental_s_per_elem, self.first_touch_s_per_byte,
+            self.attention_by_head_dim)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -161,6 +170,21 @@ class Accelerator:
 
     def achievable_flops(self, dtype: str) -> float:
         return self.peak(dtype) * self.matmul_efficiency[dtype]
+
+    def attention_at(self, head_dim: float | None) -> tuple[float, float]:
+        """(efficiency, backward time over forward) of the fused attention at ``head_dim``: linear in
+        log2(head dim) between the measured ones, the nearest beyond them; without a measured curve
+        (or a head dim) ``attention_efficiency`` and 2.5 (``kernels.attention_fwd_bwd_s``)."""
+        curve = self.attention_by_head_dim
+        if not curve or not head_dim:
+            return self.attention_efficiency, 2.5
+        if head_dim <= curve[0][0]:
+            return curve[0][1], curve[0][2]
+        for (d0, e0, r0), (d1, e1, r1) in zip(curve, curve[1:]):
+            if head_dim <= d1:
+                w = math.log2(head_dim / d0) / math.log2(d1 / d0)
+                return e0 + w * (e1 - e0), r0 + w * (r1 - r0)
+        return curve[-1][1], curve[-1][2]
 
     def transcendental_s(self, op: str, elems: float) -> float | None:
         """Measured seconds of ``op`` over ``elems`` elements, or None where it was not measured."""

@@ -24,7 +24,8 @@ gradient ``(m, n) @ (n, k)`` and the weight gradient ``(k, m) @ (m, n)``.
 
 Fused attention (FlashAttention, Dao 2023; PyTorch SDPA) runs at ``attention_efficiency`` of peak
 and skips the masked half of a causal score matrix; its backward does 5 matmuls to the forward's 2
-(it recomputes the scores), hence 2.5x the forward time.
+(it recomputes the scores), hence 2.5x the forward time. A CPU profile measures both at several head
+dims (the CPU kernel's rate depends on it) and the model's head dim is interpolated between them.
 
 Elementwise ops are memory-bound (``memory_time_s``), except on a CPU core those that evaluate tanh
 or exp per element: GELU's tanh approximation and the cross-entropy's log-softmax, forward and
@@ -116,10 +117,12 @@ def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: fl
 
 
 def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
-                        causal: bool = True) -> tuple[float, float]:
+                        causal: bool = True, head_dim: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention core whose forward counts ``counted_flops``
-    (4*b*s_q*s_k*h, causal counted as full)."""
+    (4*b*s_q*s_k*h, causal counted as full), with heads ``head_dim`` wide: at the efficiency and
+    backward ratio measured at that head dim where the accelerator has them (``Accelerator.attention_at``)."""
     compute_dtype = "bfloat16" if dtype == "float8" and "bfloat16" in accel.peak_flops else dtype
     executed = counted_flops * (0.5 if causal else 1.0)
-    fwd = executed / (accel.peak(compute_dtype) * accel.attention_efficiency) + accel.kernel_overhead_s
-    return fwd, 2.5 * fwd
+    efficiency, bwd_ratio = accel.attention_at(head_dim)
+    fwd = executed / (accel.peak(compute_dtype) * efficiency) + accel.kernel_overhead_s
+    return fwd, bwd_ratio * fwd

@@ -21,9 +21,23 @@ better fit needs no re-measurement::
     first_touch      optional {bytes, fresh_s, reuse_s}: a new tensor of ``bytes`` (above glibc's
                      mmap threshold) filled once, and the same fill into a tensor already mapped
     attention        {batch_heads, seq_len, head_dim, seconds}: causal SDPA forward
+    attention_by_head_dim  optional [{batch_heads, seq_len, head_dim, fwd_s, bwd_s}]: causal SDPA forward,
+                     and its backward, at several head dims
+    contention       optional {wall_s, cpu_s}: every rank ran the same matmul loop at once; the wall time
+                     until the slowest was done, and this rank's CPU time (median over the ranks)
     process_rss_bytes  resident memory of a rank after start-up: never usable by tensors
     collectives      {kind: [{group_size, bytes, seconds}]}: groups of consecutive ranks, all
                      groups of a size at once; bytes is nccl-tests' S (collectives.py)
+
+On a CPU every compute timing also has its CPU time (``cpu_seconds`` beside ``seconds``, ``X_cpu_s``
+beside ``X_s``): the calling thread's, which the time slices other processes take do not count. Where
+the profile has ``contention`` each compute timing becomes its CPU time times wall_s / cpu_s
+(``contended``): the same work of every rank at once, until the last rank is done, as data-parallel
+ranks run a step. A timing's own wall time does not measure that: ranks that finish a timing early
+wait at the next barrier and leave their cores to the others, so single timings ran ~1.8x slower than
+their CPU time with 4 ranks on 2 cores, where a training step runs 2x slower or more (4 ranks of a DDP
+step: 416 ms wall, 175-190 ms CPU each; a matmul loop on all ranks at once, measured beside it:
+the same ratio). Collectives and ``sync_after_compute`` keep their wall times.
 
 Fits (least squares on relative error, so small and large sizes weigh alike):
 
@@ -44,6 +58,9 @@ Fits (least squares on relative error, so small and large sizes weigh alike):
   as DTensor issues it) -> ``sync_overhead_s`` = seconds - compute_s - the fitted all-reduce time
   (>= 0; 0 when absent), charged per tensor-parallel collective call (``layer_cost``);
 * attention: the causal SDPA's executed FLOPs (half of 4*b*a*s^2*d) over its time and the peak;
+  with ``attention_by_head_dim`` the same per head dim, and the backward's time over the forward's
+  (``Accelerator.attention_by_head_dim``; ``kernels.attention_fwd_bwd_s`` interpolates by the model's
+  head dim: a CPU's SDPA runs 32-wide heads at a lower rate than 64-wide ones);
 * ``shared_by`` = processes / cores when the ranks oversubscribe the cores (``hardware.py``);
 * each collective and group size n: t = latency + bus_bytes(kind, S, n) / B over the message sizes
   -> (latency, B) per kind and group size on the tier (``Tier.collectives``); other group sizes take
@@ -120,7 +137,51 @@ def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str 
     return dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
 
 
+# compute timings that a CPU profile measured with their CPU time too; collectives are not among them
+COMPUTE_ROWS = ("matmul", "memory_copy", "matmul_backward", "transcendental", "attention_by_head_dim")
+COMPUTE_FIELDS = ("op_overhead", "first_touch", "attention")
+
+
+def _cpu_twin(key: str) -> str:
+    return "cpu_seconds" if key == "seconds" else key.removesuffix("_s") + "_cpu_s"
+
+
+def _contended_item(item: Any, factor: float) -> Any:
+    """``item`` with each timing that has a CPU twin replaced by the twin times ``factor``."""
+    if not isinstance(item, dict):
+        return item
+    return {**item, **{k: item[_cpu_twin(k)] * factor for k in item
+                       if (k == "seconds" or k.endswith("_s")) and "_cpu_" not in k and k != "cpu_seconds"
+                       and isinstance(item.get(_cpu_twin(k)), (int, float)) and item[_cpu_twin(k)] > 0}}
+
+
+def contention_factor(data: dict[str, Any], where: str = "profile") -> float:
+    """wall_s / cpu_s of the profile's ``contention`` (>= 1), or 1 where it has none."""
+    if "contention" not in data:
+        return 1.0
+    row = _field(data, "contention", dict, where)
+    return max(1.0, _positive(row, "wall_s", f"{where}: contention") / _positive(row, "cpu_s", f"{where}: contention"))
+
+
+def contended(data: dict[str, Any], where: str = "profile") -> dict[str, Any]:
+    """The profile with each compute timing that has a CPU time replaced by that CPU time times the
+    contention factor (see the module docstring); unchanged where the profile has no ``contention``."""
+    if "contention" not in data:
+        return data
+    factor = contention_factor(data, where)
+    out = dict(data)
+    for key in COMPUTE_ROWS:
+        if isinstance(data.get(key), list):
+            out[key] = [_contended_item(row, factor) for row in data[key]]
+    for key in COMPUTE_FIELDS:
+        out[key] = _contended_item(data.get(key), factor)
+    if isinstance(data.get("small_op_cpu_s"), (int, float)) and data["small_op_cpu_s"] > 0:
+        out["small_op_s"] = data["small_op_cpu_s"] * factor
+    return out
+
+
 def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
+    data = contended(data, where)
     machine = data["machine"]
     dtype = _field(data, "dtype", str, where)
     if dtype not in DTYPES:
@@ -153,7 +214,22 @@ def accelerator_from_profile(data: dict[str, Any], where: str) -> Accelerator:
                        shared_by=max(1.0, processes / _count(machine, "cores", f"{where}: machine")),
                        matmul_bwd_efficiency=bwd_eff, dispatch_s=dispatch_s, dtensor_dispatch_s=dtensor_s,
                        transcendental_s_per_elem=_transcendental(data, where),
+                       attention_by_head_dim=_attention_curve(data, where, peak, overhead),
                        first_touch_s_per_byte=_first_touch(data, where))
+
+
+def _attention_curve(data: dict[str, Any], where: str, peak: float,
+                     overhead: float) -> tuple[tuple[float, float, float], ...]:
+    """(head dim, forward efficiency, backward over forward) per measured head dim; () where absent."""
+    if "attention_by_head_dim" not in data:
+        return ()
+    rows = _points(data, "attention_by_head_dim", ("batch_heads", "seq_len", "head_dim", "fwd_s", "bwd_s"), where)
+    out = []
+    for r in sorted(rows, key=lambda r: r["head_dim"]):
+        executed = 0.5 * 4.0 * r["batch_heads"] * r["seq_len"] ** 2 * r["head_dim"]
+        eff = min(1.0, max(0.01, executed / (max(r["fwd_s"] - overhead, r["fwd_s"] / 2) * peak)))
+        out.append((r["head_dim"], eff, r["bwd_s"] / r["fwd_s"]))
+    return tuple(out)
 
 
 def _first_touch(data: dict[str, Any], where: str) -> float:

@@ -4,12 +4,13 @@
 
 ``nproc`` ranks start at once (gloo on CPU, one thread each; NCCL on GPUs) and measure together, so
 every number includes the contention of ranks that share the cores, as a training run of ``nproc``
-ranks has. Each rank times, median of a few repetitions:
+ranks has. Each rank times, median of a few repetitions, the wall time and (for compute) the CPU
+time of its thread:
 
 * matmuls ``(m, k) @ (k, n)`` over sizes (float32 on CPU, bfloat16 on GPUs), and the two gradient
   matmuls of the same shapes in nn.Linear's layout (``dY @ W``, ``dY^T @ X``);
 * a copy of a large tensor (bytes read + written), and one tiny elementwise op (the cost per op);
-* a causal scaled-dot-product attention forward;
+* a causal scaled-dot-product attention forward, and forward plus backward, at head dims 32, 64, 128;
 * one tiny autograd op, forward and backward, plain and as a DTensor op (the framework's cost per op),
   and the aten ops that op dispatches (counted once with a ``TorchDispatchMode``, untimed), so that
   the cost model prices each dispatch (``cost_model/dispatch.py``);
@@ -17,6 +18,9 @@ ranks has. Each rank times, median of a few repetitions:
   (compute-bound on a CPU core: tanh, exp, sqrt per element), as seconds per element;
 * on a CPU, a new 64 MiB tensor filled once against the same fill into mapped memory: the cost of
   faulting in fresh pages, which every tensor of 32 MiB or more pays (glibc maps those anew);
+* on a CPU, the same matmul loop on every rank at once: the wall time until the last rank is done over
+  the CPU time of one (how much slower than its CPU time a rank's work runs when all ranks work, as
+  in a data-parallel step: about ranks per core, more when other work shares the machine);
 * all-reduce, all-gather, reduce-scatter, broadcast and all-to-all over every group size that
   divides ``nproc`` (groups of consecutive ranks, all groups of a size at once), over message sizes;
   a collective's time is its slowest rank's;
@@ -89,27 +93,46 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
+def _run_both(fn: Callable[[], Any], device: torch.device, calls: int) -> tuple[float, float]:
+    """(wall, this thread's CPU) seconds of ``calls`` calls of ``fn``."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.thread_time() - start_cpu
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = False,
-           min_s: float = MIN_TIMING_S) -> float:
-    """Median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``min_s`` each.
-    For a collective every rank of the world runs the same number of calls (rank 0's choice)."""
+def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
+    return _run_both(fn, device, calls)[0]
+
+
+def _timed_both(fn: Callable[[], Any], device: torch.device, *, collective: bool = False,
+                min_s: float = MIN_TIMING_S) -> tuple[float, float]:
+    """(wall, CPU) median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``min_s``
+    each. The wall time counts the time slices other processes took from this one; the CPU time
+    (this thread's, user and system) does not. For a collective every rank of the world runs the
+    same number of calls (rank 0's choice)."""
     once = _run(fn, device, 1)  # warm-up: allocation, kernel selection, connections
     calls = torch.tensor([max(1, min(10_000, round(min_s / max(once, 1e-7))))])
     if collective:
         dist.broadcast(calls, src=0)
-    times = [_run(fn, device, int(calls)) / int(calls) for _ in range(REPEATS)]
-    return statistics.median(times)
+    runs = [_run_both(fn, device, int(calls)) for _ in range(REPEATS)]
+    return (statistics.median(w for w, _ in runs) / int(calls), statistics.median(c for _, c in runs) / int(calls))
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, *, collective: bool = False,
+           min_s: float = MIN_TIMING_S) -> float:
+    """Median wall seconds of one call of ``fn`` (``_timed_both``)."""
+    return _timed_both(fn, device, collective=collective, min_s=min_s)[0]
+
+
+def _row(fn: Callable[[], Any], device: torch.device, **fields: Any) -> dict[str, Any]:
+    """A profile row: ``fields``, the median wall ``seconds`` of one call and its ``cpu_seconds``."""
+    wall, cpu = _timed_both(fn, device)
+    return {**fields, "seconds": wall, "cpu_seconds": cpu}
 
 
 def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -118,28 +141,29 @@ def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     for m, n, k in MATMULS:
         a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
         dist.barrier()
-        out["matmul"].append({"m": m, "n": n, "k": k, "seconds": _timed(lambda: a @ b, device)})
+        out["matmul"].append(_row(lambda: a @ b, device, m=m, n=n, k=k))
     for size in COPY_BYTES:
         src = torch.empty(size // 4, device=device, dtype=torch.float32).fill_(1.0)
         dst = torch.empty_like(src)
         dist.barrier()
-        out["memory_copy"].append({"bytes": 2 * size, "seconds": _timed(lambda: dst.copy_(src), device)})
+        out["memory_copy"].append(_row(lambda: dst.copy_(src), device, bytes=2 * size))
     for m, n, k in MATMULS:  # the backward of x (m, k) @ W^T as nn.Linear stores W (n, k)
         x, w, dy = (torch.randn(*s, device=device, dtype=dtype) for s in ((m, k), (n, k), (m, n)))
         dist.barrier()
-        out["matmul_backward"].append({"m": m, "n": n, "k": k,
-                                       "seconds": _timed(lambda: (dy @ w, dy.t() @ x), device)})
+        out["matmul_backward"].append(_row(lambda: (dy @ w, dy.t() @ x), device, m=m, n=n, k=k))
     tiny = torch.ones(8, device=device)
     dist.barrier()
-    out["small_op_s"] = _timed(lambda: tiny.add(1.0), device)
+    out["small_op_s"], out["small_op_cpu_s"] = _timed_both(lambda: tiny.add(1.0), device)
     out["op_overhead"] = _op_overhead(device)
     out["transcendental"] = _transcendental(device, dtype)
     if device.type == "cpu":
         out["first_touch"] = _first_touch(device)
-    q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype)  # (b, heads, s, head_dim)
-    dist.barrier()
-    out["attention"] = {"batch_heads": 4, "seq_len": 256, "head_dim": 64,
-                        "seconds": _timed(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), device)}
+    out["attention_by_head_dim"] = _attention(device, dtype)
+    out["attention"] = {"batch_heads": 4, "seq_len": 256, **next(
+        {"head_dim": r["head_dim"], "seconds": r["fwd_s"], "cpu_seconds": r["fwd_cpu_s"]}
+        for r in out["attention_by_head_dim"] if r["head_dim"] == 64)}
+    if device.type == "cpu":
+        out["contention"] = _contention(device, dtype)
     return out
 
 
@@ -164,15 +188,16 @@ def _op_overhead(device: torch.device) -> dict[str, float]:
     x = torch.ones(2, 8, device=device, requires_grad=True)
     w = torch.full((8, 8), 0.1, device=device, requires_grad=True)
     dist.barrier()
-    plain = _timed(chain(x, w, lambda y: y), device) / OP_CHAIN
+    plain, plain_cpu = (t / OP_CHAIN for t in _timed_both(chain(x, w, lambda y: y), device))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     dx = distribute_tensor(x.detach(), mesh, [Replicate()]).requires_grad_()
     dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
     dist.barrier()
-    dtensor = _timed(chain(dx, dw, lambda y: y.to_local()), device) / OP_CHAIN
+    dtensor, dtensor_cpu = (t / OP_CHAIN for t in _timed_both(chain(dx, dw, lambda y: y.to_local()), device))
     plain_ops, _ = count_dispatches(chain(x, w, lambda y: y))
     _, dtensor_ops = count_dispatches(chain(dx, dw, lambda y: y.to_local()))
-    return {"plain_s": plain, "dtensor_s": dtensor, "plain_dispatches": plain_ops / OP_CHAIN,
+    return {"plain_s": plain, "dtensor_s": dtensor, "plain_cpu_s": plain_cpu, "dtensor_cpu_s": dtensor_cpu,
+            "plain_dispatches": plain_ops / OP_CHAIN,
             "dtensor_dispatches": dtensor_ops / OP_CHAIN}
 
 
@@ -206,10 +231,58 @@ def _first_touch(device: torch.device) -> dict[str, Any]:
     elems = FIRST_TOUCH_BYTES // 4
     mapped = torch.empty(elems, device=device)
     dist.barrier()
-    fresh = _timed(lambda: torch.empty(elems, device=device).fill_(1.0), device)
+    fresh, fresh_cpu = _timed_both(lambda: torch.empty(elems, device=device).fill_(1.0), device)
     dist.barrier()
-    reuse = _timed(lambda: mapped.fill_(1.0), device)
-    return {"bytes": FIRST_TOUCH_BYTES, "fresh_s": fresh, "reuse_s": reuse}
+    reuse, reuse_cpu = _timed_both(lambda: mapped.fill_(1.0), device)
+    return {"bytes": FIRST_TOUCH_BYTES, "fresh_s": fresh, "reuse_s": reuse, "fresh_cpu_s": fresh_cpu,
+            "reuse_cpu_s": reuse_cpu}
+
+
+ATTENTION_HEAD_DIMS = (32, 64, 128)  # the cost model interpolates between them (cost_model/profile.py)
+
+
+def _attention(device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """Causal SDPA over (1, 4 heads, 256, head_dim) at each of ``ATTENTION_HEAD_DIMS``: the forward
+    alone, and forward plus backward (``bwd_s`` is their difference), wall and CPU seconds."""
+    rows = []
+    for head_dim in ATTENTION_HEAD_DIMS:
+        q, k, v = (torch.randn(1, 4, 256, head_dim, device=device, dtype=dtype) for _ in range(3))
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        grad = torch.randn_like(q)
+
+        def both() -> None:
+            F.scaled_dot_product_attention(*leaves, is_causal=True).backward(grad)
+
+        dist.barrier()
+        fwd, fwd_cpu = _timed_both(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device)
+        dist.barrier()
+        total, total_cpu = _timed_both(both, device)
+        rows.append({"batch_heads": 4, "seq_len": 256, "head_dim": head_dim, "fwd_s": fwd, "fwd_cpu_s": fwd_cpu,
+                     "bwd_s": max(total - fwd, 1e-9), "bwd_cpu_s": max(total_cpu - fwd_cpu, 1e-9)})
+    return rows
+
+
+CONTENTION_CPU_S = 0.1  # CPU seconds of each rank per timing
+
+
+def _contention(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Every rank runs the same matmul loop at once, as data-parallel ranks run a step: the wall time
+    until the slowest rank is done over this rank's CPU time. Its ratio is how much slower than its
+    CPU time a rank's work runs here: ranks per core when they oversubscribe the cores, more when
+    other work on the machine takes its share (``cost_model/profile.py`` scales CPU times by it)."""
+    a = torch.randn(256, 256, device=device, dtype=dtype)
+    _, cpu = _run_both(lambda: a @ a, device, 10)
+    calls = torch.tensor([max(1, min(100_000, round(CONTENTION_CPU_S / max(cpu / 10, 1e-7))))])
+    dist.broadcast(calls, src=0)
+    walls, cpus = [], []
+    for _ in range(REPEATS):
+        dist.barrier()
+        wall, cpu = _run_both(lambda: a @ a, device, int(calls))
+        slowest = torch.tensor([wall])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        walls.append(float(slowest))
+        cpus.append(cpu)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus)}
 
 
 def _transcendental(device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
@@ -228,7 +301,7 @@ def _transcendental(device: torch.device, dtype: torch.dtype) -> list[dict[str, 
     rows = []
     for op, call in ops.items():
         dist.barrier()
-        rows.append({"op": op, "elements": x.numel(), "seconds": _timed(call, device)})
+        rows.append(_row(call, device, op=op, elements=x.numel()))
     return rows
 
 
@@ -300,34 +373,40 @@ def measure(world: int) -> dict[str, Any] | None:
     return profile_from_ranks(gathered, world, dtype) if rank == 0 else None
 
 
+MEASURED_KEYS = ("seconds", "_s", "_dispatches")  # fields of a row that are measured, not sizes
+
+
+def _median_fields(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first item with each measured field (``MEASURED_KEYS``) the median over the items."""
+    return {**items[0], **{k: statistics.median(item[k] for item in items)
+                           for k in items[0] if k.endswith(MEASURED_KEYS)}}
+
+
+def _median_rows(tables: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Tables of the same rows as one: each row's measured fields the median over the tables."""
+    return [_median_fields([table[i] for table in tables]) for i in range(len(tables[0]))]
+
+
+OPTIONAL_ROWS = ("matmul_backward", "transcendental", "attention_by_head_dim")
+OPTIONAL_FIELDS = ("op_overhead", "first_touch", "contention")
+
+
 def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
     """Profiles measured in rounds as one: each timing the median over the rounds (the rounds share
     their sizes), so that a burst of other work on the machine during one round does not count."""
-    def median_seconds(rows: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        return [{**row, "seconds": statistics.median(r[i]["seconds"] for r in rows)} for i, row in enumerate(rows[0])]
-
     first = profiles[0]
-    return {**first,
-            "matmul": median_seconds([p["matmul"] for p in profiles]),
-            "memory_copy": median_seconds([p["memory_copy"] for p in profiles]),
-            "small_op_s": statistics.median(p["small_op_s"] for p in profiles),
-            **({"matmul_backward": median_seconds([p["matmul_backward"] for p in profiles])}
-               if all("matmul_backward" in p for p in profiles) else {}),
-            **({"op_overhead": {k: statistics.median(p["op_overhead"][k] for p in profiles)
-                                for k in first["op_overhead"]}}
-               if all("op_overhead" in p for p in profiles) else {}),
-            **({"transcendental": median_seconds([p["transcendental"] for p in profiles])}
-               if all("transcendental" in p for p in profiles) else {}),
-            **({"first_touch": {**first["first_touch"], **{k: statistics.median(p["first_touch"][k] for p in profiles)
-                                                           for k in ("fresh_s", "reuse_s")}}}
-               if all("first_touch" in p for p in profiles) else {}),
-            "attention": {**first["attention"],
-                          "seconds": statistics.median(p["attention"]["seconds"] for p in profiles)},
+    scalars = {k: statistics.median(p[k] for p in profiles) for k in ("small_op_s", "small_op_cpu_s")
+               if all(k in p for p in profiles)}
+    return {**first, **scalars,
+            "matmul": _median_rows([p["matmul"] for p in profiles]),
+            "memory_copy": _median_rows([p["memory_copy"] for p in profiles]),
+            **{k: _median_rows([p[k] for p in profiles]) for k in OPTIONAL_ROWS if all(k in p for p in profiles)},
+            **{k: _median_fields([p[k] for p in profiles]) for k in OPTIONAL_FIELDS if all(k in p for p in profiles)},
+            "attention": _median_fields([p["attention"] for p in profiles]),
             "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
-            "collectives": {kind: median_seconds([p["collectives"][kind] for p in profiles])
+            "collectives": {kind: _median_rows([p["collectives"][kind] for p in profiles])
                             for kind in first["collectives"]},
-            **({"sync_after_compute": {**first["sync_after_compute"], **{
-                k: statistics.median(p["sync_after_compute"][k] for p in profiles) for k in ("compute_s", "seconds")}}}
+            **({"sync_after_compute": _median_fields([p["sync_after_compute"] for p in profiles])}
                if all("sync_after_compute" in p for p in profiles) else {}),
             "rounds": len(profiles)}
 
@@ -348,17 +427,8 @@ def _worker(rank: int, world: int, port: int, output: str, errors: str) -> None:
 
 def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dtype) -> dict[str, Any]:
     """The profile file: compute timings as the median over ranks, collectives as the slowest rank."""
-    first = ranks[0]["compute"]
-
-    def median_of(pick: Callable[[dict], float]) -> float:
-        return statistics.median(pick(r["compute"]) for r in ranks)
-
-    matmul = [{**row, "seconds": median_of(lambda c, i=i: c["matmul"][i]["seconds"])}
-              for i, row in enumerate(first["matmul"])]
-    copies = [{**row, "seconds": median_of(lambda c, i=i: c["memory_copy"][i]["seconds"])}
-              for i, row in enumerate(first["memory_copy"])]
-    backward = [{**row, "seconds": median_of(lambda c, i=i: c["matmul_backward"][i]["seconds"])}
-                for i, row in enumerate(first["matmul_backward"])]
+    computes = [r["compute"] for r in ranks]
+    first = computes[0]
     collectives: dict[str, list[dict[str, Any]]] = {}
     for i, row in enumerate(ranks[0]["collectives"]):
         slowest = max(r["collectives"][i]["seconds"] for r in ranks)
@@ -378,17 +448,12 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
         "processes": world,
         "threads_per_process": torch.get_num_threads(),
         "dtype": str(dtype).removeprefix("torch."),
-        "matmul": matmul,
-        "memory_copy": copies,
-        "matmul_backward": backward,
-        "small_op_s": median_of(lambda c: c["small_op_s"]),
-        "op_overhead": {k: median_of(lambda c, k=k: c["op_overhead"][k]) for k in first["op_overhead"]},
-        "transcendental": [{**row, "seconds": median_of(lambda c, i=i: c["transcendental"][i]["seconds"])}
-                           for i, row in enumerate(first["transcendental"])],
-        **({"first_touch": {**first["first_touch"], **{k: median_of(lambda c, k=k: c["first_touch"][k])
-                                                       for k in ("fresh_s", "reuse_s")}}}
-           if "first_touch" in first else {}),
-        "attention": {**first["attention"], "seconds": median_of(lambda c: c["attention"]["seconds"])},
+        "matmul": _median_rows([c["matmul"] for c in computes]),
+        "memory_copy": _median_rows([c["memory_copy"] for c in computes]),
+        **{k: statistics.median(c[k] for c in computes) for k in ("small_op_s", "small_op_cpu_s")},
+        **{k: _median_rows([c[k] for c in computes]) for k in OPTIONAL_ROWS if k in first},
+        **{k: _median_fields([c[k] for c in computes]) for k in OPTIONAL_FIELDS if k in first},
+        "attention": _median_fields([c["attention"] for c in computes]),
         "process_rss_bytes": max(r["rss"] for r in ranks),
         "collectives": collectives,
     }
