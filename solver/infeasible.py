@@ -32,7 +32,7 @@ def infeasible(req: "Request", cands: list, costs: dict, limit: float) -> Infeas
 def gpus_that_fit(req: "Request") -> int:
     """The GPU count of the smallest cluster (nodes doubling) on which some candidate fits."""
     from .search import cost_candidate, min_memory, plan_of
-    from .space import candidates
+    from .space import candidates, scale_up_gpus
 
     nodes = req.cluster.nodes * 2
     pins = {k: v for k, v in (req.fixed or {}).items() if k not in ("dp", "tp", "pp", "num_microbatches")}
@@ -44,7 +44,7 @@ def gpus_that_fit(req: "Request") -> int:
         world = bigger.world_size
         batch = world * -(-req.global_batch // world)  # divisible by every dp that divides the world
         sub = replace(req, cluster=bigger, global_batch=batch, fixed=pins)
-        for cand in candidates(req.graph.dims, world=world, gpus_per_node=bigger.gpus_per_node, global_batch=batch,
+        for cand in candidates(req.graph.dims, world=world, domain=scale_up_gpus(bigger), global_batch=batch,
                                seq_len=req.seq_len, fixed=pins, runtime=req.runtime):
             if cand.micro_batch != 1 or cand.zero not in (0, 3) or cand.schedule not in ("1f1b",):
                 continue

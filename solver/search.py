@@ -22,7 +22,7 @@ from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo
 from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts
-from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty
+from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty, scale_up_gpus
 from .stages import stage_ranges
 
 WINDOW = 64
@@ -151,10 +151,10 @@ def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tup
 
 def _bounded(req: Request, start: float) -> _Search:
     dims, cl = req.graph.dims, req.cluster
-    cands = candidates(dims, world=cl.world_size, gpus_per_node=cl.gpus_per_node, global_batch=req.global_batch,
+    cands = candidates(dims, world=cl.world_size, domain=scale_up_gpus(cl), global_batch=req.global_batch,
                        seq_len=req.seq_len, fixed=req.fixed, runtime=req.runtime)
     if not cands:
-        raise explain_empty(dims, world=cl.world_size, gpus_per_node=cl.gpus_per_node,
+        raise explain_empty(dims, world=cl.world_size, domain=scale_up_gpus(cl),
                             global_batch=req.global_batch, fixed=req.fixed)
     preds = [estimate(req.graph, cl, plan_of(req, c)) for c in cands]
     order = sorted(range(len(cands)), key=lambda i: (preds[i].step_time_s, i))

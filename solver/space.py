@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
+from ..cost_model import TierKind
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
@@ -134,16 +135,24 @@ def _check_pipeline_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None
                         "between zero bubble's deferred weight gradients; pin zero 2 or another schedule")
 
 
-def tp_degrees(dims: ModelDims, gpus_per_node: int, world: int) -> tuple[int, ...]:
-    """tp degrees that shard every projection evenly and stay inside a node."""
-    return tuple(tp for tp in divisors(min(gpus_per_node, world))
+def scale_up_gpus(cluster) -> int:
+    """GPUs one scale-up domain joins (the first scale-up tier's, within the world), where tp and
+    sharding groups belong; a node where the cluster has no scale-up tier (CPU processes)."""
+    tiers = [t for t in cluster.tiers if t.kind == TierKind.SCALE_UP]
+    return min(tiers[0].domain_size, cluster.world_size) if tiers else cluster.gpus_per_node
+
+
+def tp_degrees(dims: ModelDims, domain: int, world: int) -> tuple[int, ...]:
+    """tp degrees that shard every projection evenly and stay inside a scale-up domain (a node of 8,
+    an NVL72 rack of 72, a TPU slice): ``domain`` GPUs on the fastest links."""
+    return tuple(tp for tp in divisors(min(domain, world))
                  if world % tp == 0 and all(x % tp == 0 for x in (dims.heads, dims.kv_heads, dims.ffn_hidden,
                                                                    dims.vocab)))
 
 
-def _meshes(dims: ModelDims, world: int, gpus_per_node: int, seq_len: int, fixed: dict, runtime: frozenset):
+def _meshes(dims: ModelDims, world: int, domain: int, seq_len: int, fixed: dict, runtime: frozenset):
     """(pp, dp, cp, tp, ep) that multiply to the world and respect the rules above."""
-    for tp in tp_degrees(dims, gpus_per_node, world):
+    for tp in tp_degrees(dims, domain, world):
         if dims.experts and tp > 1 and "moe_tp" not in runtime:
             continue
         rest = world // tp
@@ -181,11 +190,11 @@ def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tup
     return [(s, v) for s, v in out if fixed.get("schedule", s) == s and fixed.get("vp", v) == v]
 
 
-def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch: int, seq_len: int,
+def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, seq_len: int,
                fixed: dict[str, Any], runtime: frozenset[str] = RUNTIME) -> tuple[Candidate, ...]:
     """Every candidate allowed by the rules and the pinned choices."""
     out = []
-    for mesh in _meshes(dims, world, gpus_per_node, seq_len, fixed, runtime):
+    for mesh in _meshes(dims, world, domain, seq_len, fixed, runtime):
         if global_batch % mesh["dp"]:
             continue
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 else (False,)
@@ -196,7 +205,7 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
                  and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)
                  and not (z == 1 and mesh["ep"] > 1 and ZERO1_WITH_EP not in runtime)
                  and not (z == 1 and mesh["pp"] > 1 and ZERO1_WITH_PP not in runtime)]
-        for zero, sp, zg in product(zeros, sps, _zero_groups(mesh, gpus_per_node, fixed, runtime)):
+        for zero, sp, zg in product(zeros, sps, _zero_groups(mesh, domain, fixed, runtime)):
             if zg and zero < 2:
                 continue
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
@@ -208,10 +217,10 @@ def candidates(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch:
     return tuple(out)
 
 
-def _zero_groups(mesh: dict[str, int], gpus_per_node: int, fixed: dict[str, Any], runtime: frozenset) -> tuple[int, ...]:
-    """0 (shard over all of dp), and HSDP with one node's data ranks as the shard group when that is
+def _zero_groups(mesh: dict[str, int], domain: int, fixed: dict[str, Any], runtime: frozenset) -> tuple[int, ...]:
+    """0 (shard over all of dp), and HSDP with one scale-up domain's data ranks as the shard group when that is
     > 1, < dp and divides dp (the runtime: without pp, cp or ep)."""
-    g = gpus_per_node // (mesh["tp"] * mesh["cp"])
+    g = domain // (mesh["tp"] * mesh["cp"])
     ok = ("hsdp" in runtime and 1 < g < mesh["dp"] and mesh["dp"] % g == 0
           and mesh["pp"] == mesh["cp"] == mesh["ep"] == 1)
     out = (0, g) if ok else (0,)
@@ -229,13 +238,13 @@ def _micro_batchings(per_rank: int, fixed: dict[str, Any]) -> list[tuple[int, in
     return out
 
 
-def explain_empty(dims: ModelDims, *, world: int, gpus_per_node: int, global_batch: int,
+def explain_empty(dims: ModelDims, *, world: int, domain: int, global_batch: int,
                   fixed: dict[str, Any]) -> InfeasibleError:
     """Why no candidate exists at all (before memory is even considered)."""
-    tps = tp_degrees(dims, gpus_per_node, world)
+    tps = tp_degrees(dims, domain, world)
     return InfeasibleError(
         f"no strategy divides the work: {world} GPUs allow tp in {list(tps)} (tp must divide heads "
         f"({dims.heads}), kv_heads ({dims.kv_heads}), ffn ({dims.ffn_hidden}) and vocab ({dims.vocab}) and stay "
-        f"within {gpus_per_node} GPUs per node), and the global batch {global_batch} must divide by dp"
+        f"within a scale-up domain of {domain} GPUs), and the global batch {global_batch} must divide by dp"
         + (f"; the pinned choices {fixed} must hold too" if fixed else "")
         + "; change the global batch, the pins or the GPU count")

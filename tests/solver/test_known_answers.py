@@ -110,3 +110,18 @@ def test_solver_statistics_time_each_phase_and_survive_json() -> None:
     assert all(t >= 0 for t in phases.values()) and sum(phases.values()) <= plan.solver.wall_s + 1e-6
     assert "phases: enumerate + bound" in plan.report()
     assert ir.Plan.from_json(plan.to_json()).solver.phases == pytest.approx(phases)
+
+
+def test_nvl72_rack_is_one_scale_up_domain_for_tensor_parallelism() -> None:
+    """A GB200 tray holds 4 GPUs but NVLink joins all 72 of the rack: tp may span trays, and for
+    Llama 3 405B on 576 GPUs it does (tp 8 over NVLink); on H100 nodes of 8 it never exceeds 8."""
+    from meshplan.cost_model import parse_cluster
+    from meshplan.solver.space import scale_up_gpus, tp_degrees
+
+    nvl72 = parse_cluster("gb200-nvl72:144x4")
+    assert scale_up_gpus(nvl72) == 72 and scale_up_gpus(parse_cluster("h100-sxm:8x8")) == 8
+    dims = ir.ModelDims(family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
+                        vocab=128256)
+    assert max(tp_degrees(dims, scale_up_gpus(nvl72), nvl72.world_size)) == 8
+    plan = mp.autoparallelize("llama3-405b", nvl72, global_batch=512, seq_len=8192)
+    assert plan.mesh.tp > nvl72.gpus_per_node, plan.report()

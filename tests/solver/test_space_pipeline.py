@@ -13,7 +13,7 @@ DIMS = ir.ModelDims(family="llama", layers=8, hidden=64, heads=4, kv_heads=4, ff
 
 
 def test_pipeline_candidates_follow_the_runtime() -> None:
-    found = [c for c in candidates(DIMS, world=8, gpus_per_node=8, global_batch=16, seq_len=16, fixed={})
+    found = [c for c in candidates(DIMS, world=8, domain=8, global_batch=16, seq_len=16, fixed={})
              if c.pp > 1]
     assert {str(c.schedule) for c in found} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
     assert not [c for c in found if c.zero == 1]
