@@ -39,6 +39,12 @@ GPT, per layer (Llama/MoE: the same rules over their modules, not checked by a r
   (FSDP2 keeps every parameter sharded as a DTensor); ZeRO-1 (``ZeroRedundancyOptimizer``) steps
   plain tensors, 1/dp of them per rank. Under SP the norms' gradients stay Partial and every AdamW
   op that reads one all-reduces it (``partial_grad_allreduces``; ``estimate.py`` times them).
+  Each of those ops is a pass of its own over the parameter's fp32 elements (``ADAMW_ELEMENT_PASSES``:
+  20 elements read or written per parameter, 80 bytes, where a fused Adam moves the 36 bytes of
+  ``data_parallel.OPTIMIZER_BYTES_PER_PARAM``); ``single_tensor_adamw_excess_s`` adds the difference on
+  CPU ranks. Measured: a DDP step of the bench's GPT (5.3M parameters) spends 13.2 ms of CPU in the
+  AdamW ops (sqrt 2.5, mul_ 2.1, lerp_ 1.5, addcdiv_ 1.5, div 1.3, add_ 1.1, addcmul_ 1.0, and DDP's
+  gradient division 2.2), 5.3M x 80 B at the 37 GB/s a copy runs in CPU time: 11.5 ms.
 
 Collectives the program's structure adds under TP, also counted here: without SP each
 column-parallel Linear all-reduces its own input gradient (``SEPARATE_INPUT_GRADS``;
@@ -50,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import ModelDims
-from .hardware import Cluster
+from .hardware import Cluster, TierKind
 from .software import Software
 
 # column-parallel Linears of a layer (q, k, v; GPT fc1, Llama w1 and w3; the MoE stays replicated).
@@ -65,6 +71,11 @@ GPT_REST = (13, 15)
 ADAMW_PER_PARAM = 8  # on the parameter's own tensors
 ADAMW_STEP_COUNTER = 2  # plain: the step's add_ and .item()
 ADAMW_GRAD_READS = 3  # gradient operands of its ops: lerp_(grad), addcmul_(grad, grad)
+# fp32 elements each single-tensor AdamW op reads and writes per parameter (torch/optim/adamw.py,
+# _single_tensor_adamw): param.mul_(1 - lr * wd) 2, exp_avg.lerp_(grad) 3, exp_avg_sq.mul_(beta2) 2,
+# .addcmul_(grad, grad) 3, exp_avg_sq.sqrt() 2, / bias_correction2_sqrt 2, .add_(eps) 2,
+# param.addcdiv_(exp_avg, denom) 4
+ADAMW_ELEMENT_PASSES = 20
 
 
 def runs_dtensor_styles(software: Software) -> bool:
@@ -169,6 +180,17 @@ def optimizer_dispatches(plain_params: int, dtensor_params: int, *, zero_stage: 
         plain_params, dtensor_params = (plain_params + dtensor_params) / dp, 0
     total = plain_params + dtensor_params
     return round(ADAMW_PER_PARAM * plain_params + ADAMW_STEP_COUNTER * total), ADAMW_PER_PARAM * dtensor_params
+
+
+def single_tensor_adamw_excess_s(cluster: Cluster, shard_params: float, fused_bytes_per_param: float) -> float:
+    """Seconds the single-tensor AdamW's passes (``ADAMW_ELEMENT_PASSES`` fp32 elements per parameter)
+    move beyond a fused Adam's ``fused_bytes_per_param``, over a rank's ``shard_params``, on CPU ranks
+    (shared-memory tier: the runtime's AdamW on CPU tensors); 0 on GPU clusters (foreach/fused there)."""
+    if cluster.tiers[0].kind != TierKind.SHARED_MEMORY:
+        return 0.0
+    accel = cluster.accelerator
+    extra = max(0.0, ADAMW_ELEMENT_PASSES * 4 - fused_bytes_per_param) * shard_params
+    return extra / (accel.memory_bw_Bps * accel.memory_efficiency)
 
 
 def dispatch_s(counts: Dispatches, cluster: Cluster) -> tuple[float, float]:

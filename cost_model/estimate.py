@@ -36,8 +36,10 @@ from ..ir.errors import InvalidPlanError
 from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction
 from .collectives import collective_time
-from .data_parallel import DataParallelCost, RankParams, data_parallel_cost, optimizer_step_s, rank_params
-from .dispatch import optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles
+from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankParams, data_parallel_cost,
+                            optimizer_step_s, rank_params)
+from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles,
+                       single_tensor_adamw_excess_s)
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
 from .footprint import peak_memory
 from .hardware import Cluster, TierKind
@@ -124,6 +126,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     # AdamW's square root of the second moment, at its measured rate where that bounds it (CPUs)
     shard = _optimizer_shard_params(params, plan)
     opt += transcendental_excess_s(cluster.accelerator, "sqrt", shard, 2 * 4 * shard)  # fp32 r + w
+    opt += single_tensor_adamw_excess_s(cluster, shard, OPTIMIZER_BYTES_PER_PARAM)  # one pass per op (CPUs)
     partial = partial_grad_allreduces(summary.dims, layers=n, last=layers.last, tp=plan.mesh.tp,
                                       sp=plan.sequence_parallel) if runs_dtensor_styles(software) else 0
     if partial:  # SP norms' Partial gradients, all-reduced by each AdamW op that reads them (dispatch.py)

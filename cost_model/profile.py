@@ -31,13 +31,16 @@ better fit needs no re-measurement::
 
 On a CPU every compute timing also has its CPU time (``cpu_seconds`` beside ``seconds``, ``X_cpu_s``
 beside ``X_s``): the calling thread's, which the time slices other processes take do not count. Where
-the profile has ``contention`` each compute timing becomes its CPU time times wall_s / cpu_s
-(``contended``): the same work of every rank at once, until the last rank is done, as data-parallel
-ranks run a step. A timing's own wall time does not measure that: ranks that finish a timing early
-wait at the next barrier and leave their cores to the others, so single timings ran ~1.8x slower than
-their CPU time with 4 ranks on 2 cores, where a training step runs 2x slower or more (4 ranks of a DDP
-step: 416 ms wall, 175-190 ms CPU each; a matmul loop on all ranks at once, measured beside it:
-the same ratio). Collectives and ``sync_after_compute`` keep their wall times.
+the profile has ``contention`` each timing becomes its CPU time times wall_s / cpu_s (``contended``):
+the same work of every rank at once, until the last rank is done, as ranks run a training step. A
+timing's own wall time does not measure that: ranks that finish a timing early wait at the next
+barrier and leave their cores to the others, so single timings ran ~1.8x slower than their CPU time
+with 4 ranks on 2 cores, where a training step runs 2x slower or more. A step is CPU-bound: its wall
+time is the contention times the CPU time of one rank's process (DDP: 416 ms wall, 175 ms CPU on the
+main thread and 190 ms in all; TP4 1.57-1.63 s against 0.38-0.45 s at a contention of 4.0 measured
+beside it; TP2 x ZeRO-3 1.28-1.33 s against 0.31-0.36 s at 3.6-4.1). Collectives (and
+``sync_after_compute``) are timed in the CPU time of the whole process: gloo copies and reduces in
+its own threads, and waits for the ranks that run late with CPU too.
 
 Fits (least squares on relative error, so small and large sizes weigh alike):
 
@@ -113,6 +116,7 @@ def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str 
     data = path if isinstance(path, dict) else load_profile(path)
     where = "profile" if isinstance(path, dict) else f"profile {str(path)!r}"
     _check_schema(data, where)
+    data = contended(data, where)
     machine = _field(data, "machine", dict, where)
     kind = _field(machine, "kind", str, f"{where}: machine")
     if not kind.strip():
@@ -174,7 +178,13 @@ def contended(data: dict[str, Any], where: str = "profile") -> dict[str, Any]:
         if isinstance(data.get(key), list):
             out[key] = [_contended_item(row, factor) for row in data[key]]
     for key in COMPUTE_FIELDS:
-        out[key] = _contended_item(data.get(key), factor)
+        if key in data:
+            out[key] = _contended_item(data[key], factor)
+    if isinstance(data.get("collectives"), dict):
+        out["collectives"] = {kind: [_contended_item(r, factor) for r in rows] if isinstance(rows, list) else rows
+                              for kind, rows in data["collectives"].items()}
+    if "sync_after_compute" in data:
+        out["sync_after_compute"] = _contended_item(data["sync_after_compute"], factor)
     if isinstance(data.get("small_op_cpu_s"), (int, float)) and data["small_op_cpu_s"] > 0:
         out["small_op_s"] = data["small_op_cpu_s"] * factor
     return out

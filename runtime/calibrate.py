@@ -93,16 +93,17 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _run_both(fn: Callable[[], Any], device: torch.device, calls: int) -> tuple[float, float]:
-    """(wall, this thread's CPU) seconds of ``calls`` calls of ``fn``."""
+def _run_both(fn: Callable[[], Any], device: torch.device, calls: int,
+              clock: Callable[[], float] = time.thread_time) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``calls`` calls of ``fn``: CPU by ``clock``, this thread's by default."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start, start_cpu = time.perf_counter(), time.thread_time()
+    start, start_cpu = time.perf_counter(), clock()
     for _ in range(calls):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start, time.thread_time() - start_cpu
+    return time.perf_counter() - start, clock() - start_cpu
 
 
 def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
@@ -113,13 +114,15 @@ def _timed_both(fn: Callable[[], Any], device: torch.device, *, collective: bool
                 min_s: float = MIN_TIMING_S) -> tuple[float, float]:
     """(wall, CPU) median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``min_s``
     each. The wall time counts the time slices other processes took from this one; the CPU time
-    (this thread's, user and system) does not. For a collective every rank of the world runs the
-    same number of calls (rank 0's choice)."""
+    (user and system) does not: this thread's, or for a collective the whole process's (gloo copies
+    and reduces in its own threads). For a collective every rank of the world runs the same number
+    of calls (rank 0's choice)."""
     once = _run(fn, device, 1)  # warm-up: allocation, kernel selection, connections
     calls = torch.tensor([max(1, min(10_000, round(min_s / max(once, 1e-7))))])
     if collective:
         dist.broadcast(calls, src=0)
-    runs = [_run_both(fn, device, int(calls)) for _ in range(REPEATS)]
+    clock = time.process_time if collective else time.thread_time
+    runs = [_run_both(fn, device, int(calls), clock) for _ in range(REPEATS)]
     return (statistics.median(w for w, _ in runs) / int(calls), statistics.median(c for _, c in runs) / int(calls))
 
 
@@ -332,8 +335,8 @@ def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
             for nbytes in COLLECTIVE_BYTES:
                 call = _collective(kind, nbytes, group, size, device)
                 dist.barrier()
-                out.append({"kind": kind, "group_size": size, "bytes": nbytes,
-                            "seconds": _timed(call, device, collective=True)})
+                wall, cpu = _timed_both(call, device, collective=True)
+                out.append({"kind": kind, "group_size": size, "bytes": nbytes, "seconds": wall, "cpu_seconds": cpu})
     return out
 
 
@@ -352,11 +355,12 @@ def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) ->
     x = torch.ones(SYNC_BYTES // 4, device=device)
     group = dist.group.WORLD
     dist.barrier()
-    compute = _timed(lambda: a @ a, device, collective=True, min_s=SYNC_TIMING_S)
+    compute, compute_cpu = _timed_both(lambda: a @ a, device, collective=True, min_s=SYNC_TIMING_S)
     dist.barrier()
-    both = _timed(lambda: (a @ a, funcol.wait_tensor(funcol.all_reduce(x, "sum", group))), device, collective=True,
-                  min_s=SYNC_TIMING_S)
-    return {"group_size": world, "bytes": SYNC_BYTES, "compute_s": compute, "seconds": both}
+    both, both_cpu = _timed_both(lambda: (a @ a, funcol.wait_tensor(funcol.all_reduce(x, "sum", group))), device,
+                                 collective=True, min_s=SYNC_TIMING_S)
+    return {"group_size": world, "bytes": SYNC_BYTES, "compute_s": compute, "seconds": both,
+            "compute_cpu_s": compute_cpu, "cpu_seconds": both_cpu}
 
 
 def measure(world: int) -> dict[str, Any] | None:
@@ -431,14 +435,14 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
     first = computes[0]
     collectives: dict[str, list[dict[str, Any]]] = {}
     for i, row in enumerate(ranks[0]["collectives"]):
-        slowest = max(r["collectives"][i]["seconds"] for r in ranks)
+        slowest = {k: max(r["collectives"][i][k] for r in ranks) for k in ("seconds", "cpu_seconds")}
         collectives.setdefault(row["kind"], []).append(
-            {"group_size": row["group_size"], "bytes": row["bytes"], "seconds": slowest})
+            {"group_size": row["group_size"], "bytes": row["bytes"], **slowest})
     sync = {}
     if world > 1:  # compute as the median rank's, the pair as the slowest rank's (as a collective)
-        sync = {"sync_after_compute": {**ranks[0]["sync"],
-                                       "compute_s": statistics.median(r["sync"]["compute_s"] for r in ranks),
-                                       "seconds": max(r["sync"]["seconds"] for r in ranks)}}
+        sync = {"sync_after_compute": {**ranks[0]["sync"], **{
+            k: statistics.median(r["sync"][k] for r in ranks) for k in ("compute_s", "compute_cpu_s")}, **{
+            k: max(r["sync"][k] for r in ranks) for k in ("seconds", "cpu_seconds")}}}
     return {
         **sync,
         "schema": SCHEMA,

@@ -119,3 +119,28 @@ def test_median_profile_keeps_the_cpu_times_and_contention() -> None:
     assert merged["matmul"][0]["cpu_seconds"] == a["matmul"][0]["cpu_seconds"]
     assert merged["attention_by_head_dim"] == a["attention_by_head_dim"] and merged["rounds"] == 3
     assert collective_time("all-reduce", 1 << 20, 4, 1, cluster_from_profile(merged)) > 0
+
+
+def test_collectives_with_cpu_times_are_scaled_too() -> None:
+    data = with_cpu_times()
+    for rows in data["collectives"].values():
+        for row in rows:
+            row["cpu_seconds"], row["seconds"] = row["seconds"] / FACTOR, 1.0  # wall times: noise
+    data["sync_after_compute"] = {"group_size": 4, "bytes": 16 << 10, "compute_s": 9.0, "seconds": 9.0,
+                                  "compute_cpu_s": 1e-3, "cpu_seconds": 1e-3 + 0.2e-3}
+    cluster = cluster_from_profile(data)
+    reference = cluster_from_profile(synthetic_profile())
+    assert collective_time("all-reduce", 1 << 20, 4, 1, cluster) == pytest.approx(
+        collective_time("all-reduce", 1 << 20, 4, 1, reference), rel=1e-6)
+    alone = collective_time("all-reduce", 16 << 10, 4, 1, reference)
+    assert cluster.accelerator.sync_overhead_s == pytest.approx(max(0.0, 0.2e-3 * FACTOR - alone), abs=1e-12)
+
+
+def test_single_tensor_adamw_moves_80_bytes_per_parameter_on_cpu_ranks() -> None:
+    from meshplan.cost_model.dispatch import ADAMW_ELEMENT_PASSES, single_tensor_adamw_excess_s
+
+    assert ADAMW_ELEMENT_PASSES == 2 + 3 + 2 + 3 + 2 + 2 + 2 + 4  # the eight ops' reads and writes
+    cpu = cluster_from_profile(synthetic_profile())
+    bw = cpu.accelerator.memory_bw_Bps
+    assert single_tensor_adamw_excess_s(cpu, 1e6, 36) == pytest.approx((80 - 36) * 1e6 / bw)
+    assert single_tensor_adamw_excess_s(Cluster.preset("h100-sxm", nodes=1), 1e6, 36) == 0.0
