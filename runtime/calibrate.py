@@ -166,7 +166,7 @@ def _compute(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         {"head_dim": r["head_dim"], "seconds": r["fwd_s"], "cpu_seconds": r["fwd_cpu_s"]}
         for r in out["attention_by_head_dim"] if r["head_dim"] == 64)}
     if device.type == "cpu":
-        out["contention"] = _contention(device, dtype)
+        out["contention"] = contention(device, dtype)
     return out
 
 
@@ -268,7 +268,7 @@ def _attention(device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]
 CONTENTION_CPU_S = 0.1  # CPU seconds of each rank per timing
 
 
-def _contention(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+def contention(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     """Every rank runs the same matmul loop at once, as data-parallel ranks run a step: the wall time
     until the slowest rank is done over this rank's CPU time. Its ratio is how much slower than its
     CPU time a rank's work runs here: ranks per core when they oversubscribe the cores, more when
