@@ -23,8 +23,13 @@ def _train(pm, vocab: int, steps: range) -> list[float]:
     return [pm.step(*synthetic_batch(vocab, GLOBAL_BATCH, SEQ_LEN, SEED, step)) for step in steps]
 
 
-def plan_for(model: str, *, pp: int = 1, **kwargs: Any) -> ir.Plan:
-    """``make_plan``, and with ``pp`` > 1 a pipeline of ``pp`` equal stages (1F1B) in front."""
+def plan_for(model: str, *, pp: int = 1, replicate: tuple[str, ...] = (), **kwargs: Any) -> ir.Plan:
+    """``make_plan``, and with ``pp`` > 1 a pipeline of ``pp`` equal stages (1F1B) in front; with
+    ``replicate``, those sublayers kept whole over tp (tp_layout_cases.layouts_plan)."""
+    if replicate:
+        from tp_layout_cases import layouts_plan
+
+        return layouts_plan(model, tuple(replicate), **kwargs)
     plan = make_plan(model, **kwargs)
     if pp == 1:
         return plan

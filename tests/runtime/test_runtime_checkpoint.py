@@ -34,6 +34,8 @@ LOADS = [
     dict(name="zero0 -> dp4 zero1", save="gpt dp4 zero0", plan=dict(dp=4, zero=1)),
     dict(name="llama zero3 -> dp2 x tp2 sp zero0", save="llama dp4 zero3", plan=dict(dp=2, tp=2, sp=True)),
     dict(name="llama zero3 -> pp2 x tp2 sp", save="llama dp4 zero3", plan=dict(pp=2, tp=2, sp=True, nmb=2)),
+    dict(name="llama zero3 -> dp2 x tp2 sp, MLPs whole over tp", save="llama dp4 zero3",
+         plan=dict(dp=2, tp=2, sp=True, replicate=("mlp",))),
 ]
 
 
