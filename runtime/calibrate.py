@@ -30,7 +30,7 @@ time of its thread:
 
 Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
 from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
-About 20 s with 4 ranks on 2 cores, most of it start-up.
+About 30-45 s with 4 ranks on 2 cores.
 """
 from __future__ import annotations
 
