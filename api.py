@@ -100,7 +100,7 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
 
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
     """``plan`` recording the fusions of ``found`` that the cost model says save time in its program,
-    its prediction counting them; the unfused program (without ``--fuse``) becomes an alternative."""
+    its prediction counting them; the unfused program (``--no-fuse``) becomes an alternative."""
     if cluster.tiers[0].kind == TierKind.SHARED_MEMORY:
         return plan  # CPU ranks: Triton compiles for GPUs (on CPU only its interpreter runs the kernels)
     chosen = worthwhile(found, plan.model["family"], tp=plan.mesh.tp, sp=plan.sequence_parallel)
@@ -111,7 +111,8 @@ def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluste
     saved_ms = (unfused.step_time_s - pred.step_time_s) * 1e3
     alt = {"summary": f"{plan.summary()}, unfused", "step_time_s": unfused.step_time_s, "fuse": False,
            "peak_memory_bytes": unfused.peak_memory_bytes,
-           "why": f"without --fuse: the fused kernels {', '.join(chosen)} save {saved_ms:.2f} ms/step of memory traffic"}
+           "why": f"with --no-fuse (eager ops): the fused kernels {', '.join(chosen)} save "
+                  f"{saved_ms:.2f} ms/step of memory traffic"}
     info = plan.solver and replace(plan.solver, alternatives=(alt, *plan.solver.alternatives))
     return replace(fused, prediction=pred, solver=info)
 

@@ -91,5 +91,5 @@ def test_autoparallelize_records_fusions_and_reports_their_saving() -> None:
     assert unfused["fuse"] is False and unfused["step_time_s"] > plan.prediction.step_time_s
     saved_ms = (unfused["step_time_s"] - plan.prediction.step_time_s) * 1e3
     assert f"add_rmsnorm, swiglu: save {saved_ms:.1f} ms/step (emit and apply fuse by default" in plan.report()
-    assert "without --fuse: the fused kernels add_rmsnorm, swiglu save" in plan.explain()
+    assert "with --no-fuse (eager ops): the fused kernels add_rmsnorm, swiglu save" in plan.explain()
     assert ir.Plan.from_json(plan.to_json()).fusions == plan.fusions
