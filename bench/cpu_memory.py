@@ -19,51 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
-import tempfile
 import traceback
 import warnings
 from pathlib import Path
 
-MODEL = dict(family="gpt", layers=4, hidden=256, heads=8, vocab=4096, max_seq_len=128, name="gpt-bench")
-GLOBAL_BATCH, SEQ_LEN = 16, 128
-# (label, tp, pp, dp, zero, sp, micro-batch, recompute, schedule)
-PLANS = (
-    ("DDP", 1, 1, 4, 0, False, 4, "none", "1f1b"),
-    ("DDP, 2 micro-batches", 1, 1, 4, 0, False, 2, "none", "1f1b"),
-    ("DDP + full recompute", 1, 1, 4, 0, False, 4, "full", "1f1b"),
-    ("DDP + selective recompute", 1, 1, 4, 0, False, 4, "selective", "1f1b"),
-    ("ZeRO-1", 1, 1, 4, 1, False, 4, "none", "1f1b"),
-    ("ZeRO-2", 1, 1, 4, 2, False, 4, "none", "1f1b"),
-    ("ZeRO-3", 1, 1, 4, 3, False, 4, "none", "1f1b"),
-    ("TP4 + SP", 4, 1, 1, 0, True, 16, "none", "1f1b"),
-    ("TP4", 4, 1, 1, 0, False, 16, "none", "1f1b"),
-    ("TP2 + SP x DP2", 2, 1, 2, 0, True, 8, "none", "1f1b"),
-    ("TP2 x ZeRO-3 2", 2, 1, 2, 3, True, 8, "none", "1f1b"),
-    ("PP2 x DP2, 1F1B", 1, 2, 2, 0, False, 2, "none", "1f1b"),
-    ("PP2 x DP2, GPipe", 1, 2, 2, 0, False, 2, "none", "gpipe"),
-    ("PP4, 1F1B", 1, 4, 1, 0, False, 4, "none", "1f1b"),
-)
-
-
-def build_plans(nproc: int) -> list[tuple[str, object]]:
-    from meshplan import ir
-    from meshplan.cli_estimate import _stages  # even stage split, as ``meshplan estimate`` makes it
-
-    out = []
-    for label, tp, pp, dp, zero, sp, mb, recompute, schedule in PLANS:
-        if tp * pp * dp != nproc:
-            continue
-        args = argparse.Namespace(pp=pp, vp=1, stages=None)
-        plan = ir.Plan(model=MODEL, cluster=f"cpu:1x{nproc}", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
-                       mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp,
-                       micro_batch_size=mb, num_microbatches=GLOBAL_BATCH // (mb * dp), schedule=schedule,
-                       recompute=(recompute,) * MODEL["layers"], stages=_stages(args, MODEL["layers"]),
-                       dtype="float32")
-        out.append((label, plan))
-    return out
-
+from cpu_plans import MODEL, build_plans, run_workers
 
 def _worker(rank: int, world: int, port: int, plans_json: str, output: str, errors: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -110,20 +71,8 @@ def _worker(rank: int, world: int, port: int, plans_json: str, output: str, erro
 
 
 def measure(plans: list[tuple[str, object]], nproc: int) -> dict:
-    import torch.multiprocessing as mp
-
-    payload = json.dumps([(label, plan.to_dict()) for label, plan in plans])
-    with tempfile.TemporaryDirectory() as tmp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        output = str(Path(tmp, "measured.json"))
-        try:
-            mp.spawn(_worker, args=(nproc, port, payload, output, tmp), nprocs=nproc)
-        except Exception as exc:
-            reports = sorted(Path(tmp).glob("rank*.txt"))
-            raise SystemExit("measuring failed:\n" + ("\n".join(p.read_text() for p in reports) or str(exc)))
-        return json.loads(Path(output).read_text())
+    """label -> the most loaded rank's {"resident", "in_step", "peak"} bytes, or {"skipped"}."""
+    return run_workers(_worker, nproc, plans)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from meshplan.cost_model import Cluster, estimate
     from meshplan.frontend import trace
 
-    plans = build_plans(args.nproc)
+    if args.nproc != 4:
+        raise SystemExit("the plans here are for 4 processes; run with --nproc 4")
+    plans = build_plans(f"cpu:1x{args.nproc}")
     measured = measure(plans, args.nproc)
     graph = trace(zoo.build_from_config(MODEL), batch=1, seq_len=64)  # shapes are symbolic in b, s
     cluster = Cluster.preset("cpu", gpus_per_node=args.nproc)
