@@ -10,7 +10,7 @@ import torch
 
 from . import ir, solver, zoo
 from .codegen.fusion import find_fusions, fusion_names
-from .cost_model import Cluster, TierKind, estimate, parse_cluster, worthwhile
+from .cost_model import Cluster, estimate, parse_cluster, worthwhile
 from .frontend import trace
 
 
@@ -101,7 +101,7 @@ def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
     """``plan`` recording the fusions of ``found`` that the cost model says save time in its program,
     its prediction counting them; the unfused program (``--no-fuse``) becomes an alternative."""
-    if cluster.tiers[0].kind == TierKind.SHARED_MEMORY:
+    if cluster.cpu_ranks:
         return plan  # CPU ranks: Triton compiles for GPUs (on CPU only its interpreter runs the kernels)
     chosen = worthwhile(found, plan.model["family"], tp=plan.mesh.tp, sp=plan.sequence_parallel)
     if not chosen or plan.prediction is None:

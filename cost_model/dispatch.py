@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import ModelDims
-from .hardware import Cluster, TierKind
+from .hardware import Cluster
 from .software import Software
 
 # column-parallel Linears of a layer (q, k, v; GPT fc1, Llama w1 and w3; the MoE stays replicated).
@@ -186,7 +186,7 @@ def single_tensor_adamw_excess_s(cluster: Cluster, shard_params: float, fused_by
     """Seconds the single-tensor AdamW's passes (``ADAMW_ELEMENT_PASSES`` fp32 elements per parameter)
     move beyond a fused Adam's ``fused_bytes_per_param``, over a rank's ``shard_params``, on CPU ranks
     (shared-memory tier: the runtime's AdamW on CPU tensors); 0 on GPU clusters (foreach/fused there)."""
-    if cluster.tiers[0].kind != TierKind.SHARED_MEMORY:
+    if not cluster.cpu_ranks:
         return 0.0
     accel = cluster.accelerator
     extra = max(0.0, ADAMW_ELEMENT_PASSES * 4 - fused_bytes_per_param) * shard_params

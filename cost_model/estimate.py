@@ -42,7 +42,7 @@ from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtens
                        single_tensor_adamw_excess_s)
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
 from .footprint import peak_memory
-from .hardware import Cluster, TierKind
+from .hardware import Cluster
 from .kernels import transcendental_excess_s
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
@@ -200,7 +200,7 @@ def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[
 
 def _sync_wait(cluster: Cluster) -> float:
     """What a blocking call waits for the rank that computes last: calibrated on CPU ranks, 0 on GPUs."""
-    return cluster.accelerator.sync_overhead_s if cluster.tiers[0].kind == TierKind.SHARED_MEMORY else 0.0
+    return cluster.accelerator.sync_overhead_s if cluster.cpu_ranks else 0.0
 
 
 def _loss_reduce_s(cluster: Cluster, plan: Plan) -> float:

@@ -293,6 +293,12 @@ class Cluster:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def cpu_ranks(self) -> bool:
+        """Ranks are processes sharing a machine's memory and cores (the innermost tier is shared
+        memory): a collective is copied by the cores that compute, so nothing runs beside compute."""
+        return self.tiers[0].kind == TierKind.SHARED_MEMORY
+
     @classmethod
     def preset(cls, name: str, nodes: int = 1, gpus_per_node: int | None = None) -> "Cluster":
         """A cluster from a preset data file, e.g. ``Cluster.preset("h100-sxm", nodes=16)``."""

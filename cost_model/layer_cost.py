@@ -47,7 +47,7 @@ from functools import lru_cache
 from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
-from .hardware import Cluster, TierKind
+from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles)
 from .kernels import (attention_fwd_bwd_s, fresh_pages_s, matmul_fwd_bwd_s, memory_time_s,
@@ -210,8 +210,7 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
     cp_fwd = max(0.0, cp_ag - core_fwd_s)
     cp_bwd = max(0.0, cp_ag + cp_rs - 2.5 * core_fwd_s)
     hidden += (cp_ag - cp_fwd) + (cp_ag + cp_rs - cp_bwd)
-    on_cores = cluster.tiers[0].kind == TierKind.SHARED_MEMORY  # CPU ranks: nothing runs beside compute
-    slowed = 0.0 if on_cores else shape.software.overlap_slowdown * hidden / 2  # half forward, half backward
+    slowed = 0.0 if cluster.cpu_ranks else shape.software.overlap_slowdown * hidden / 2  # half forward, half backward
     cp_b = bus_bytes("all-gather", kv_all, cp)
     fwd_bytes = {"tp": tp_b, "ep": ep_b, "cp": cp_b}
     bwd_bytes = {"tp": tp_bwd_b, "ep": ep_b, "cp": cp_b + bus_bytes("reduce-scatter", kv_all, cp)}
