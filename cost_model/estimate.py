@@ -48,7 +48,7 @@ from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
 from .pipeline import RankLayers, bubble_s, rank_layers
 from .software import DEFAULT, Software
-from .sublayers import replicated_sublayers, sublayer_shares
+from .sublayers import replicated_params, replicated_sublayers, sublayer_shares
 from .summary import ModelSummary, summary_of
 
 FAMILIES = ("tp", "cp", "ep", "pp", "dp")
@@ -113,8 +113,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     if edge is not None:
         fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
         moved["tp"] += edge.comm_bytes_fwd["tp"]
-    replicated = sum(sublayer_shares(summary.dims, plan.seq_len)[sub][1] for sub in replicated_sublayers(plan))
-    params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep, replicated)
+    params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep, replicated_params(plan, summary.dims))
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
                             microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)

@@ -30,7 +30,7 @@ from .flops import kv_width
 from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
 from .pipeline import RankLayers, inflight_microbatches
 from .software import DEFAULT, Software
-from .sublayers import replicated_sublayers, sublayer_shares
+from .sublayers import replicated_params, replicated_sublayers
 from .summary import ModelSummary
 
 ALLOCATOR_FRACTION = 0.10
@@ -96,9 +96,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
                 software: Software = DEFAULT) -> dict[str, float]:
     """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
     mesh = plan.mesh
-    replicated = replicated_sublayers(plan)
-    whole = sum(sublayer_shares(summary.dims, plan.seq_len)[sub][1] for sub in replicated)
-    params = rank_params(summary, layers, mesh.tp, mesh.ep, whole)
+    params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims))
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=plan.dtype)

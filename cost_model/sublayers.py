@@ -33,3 +33,8 @@ def sublayer_shares(dims: ModelDims, seq_len: int) -> dict[str, tuple[float, flo
     mlp_f = 2.0 * seq_len * (layer_matmul_params(dims) - attn_mm)
     return {"attn": (attn_f / (attn_f + mlp_f), attention_params(dims)),
             "mlp": (mlp_f / (attn_f + mlp_f), dense_mlp_params(dims))}
+
+
+def replicated_params(plan: Plan, dims: ModelDims) -> float:
+    """Parameters per layer that ``plan`` keeps whole over tp (0 when every sublayer is split)."""
+    return sum(sublayer_shares(dims, plan.seq_len)[sub][1] for sub in replicated_sublayers(plan))
