@@ -80,11 +80,11 @@ ADAMW_ELEMENT_PASSES = 20
 
 def runs_dtensor_styles(software: Software) -> bool:
     """Whether the program applies tensor parallelism with DTensor's parallel styles on each Linear
-    (meshplan's runtime, ``codegen/tp_plans.py``) rather than Megatron's fused regions. Both traits
-    come from that one choice: its output head is ColwiseParallel with output R, hence no
-    vocab-parallel loss (``Software.vocab_parallel_loss``), and each column-parallel Linear takes its
-    input through its own ``from_local``, hence an input-gradient all-reduce per Linear."""
-    return not software.vocab_parallel_loss
+    (``Software.dtensor_tp_styles``: meshplan's runtime, ``codegen/tp_plans.py``) rather than
+    Megatron's fused regions: each column-parallel Linear then takes its input through its own
+    ``from_local``, hence an input-gradient all-reduce per Linear. Whether the loss is
+    vocab-parallel is a separate trait (``Software.vocab_parallel_loss``)."""
+    return software.dtensor_tp_styles
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

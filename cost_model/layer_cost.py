@@ -247,6 +247,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
     m, act = shape.tokens, shape.tokens * shape.dims.hidden * ab
     whole = act / (tp if shape.sp else 1)
     runtime = tp > 1 and runs_dtensor_styles(shape.software)
+    gathered = tp > 1 and not shape.software.vocab_parallel_loss  # the loss sees all V logits on each rank
     kind = "reduce-scatter" if shape.sp and not (runtime and d.family == "gpt") else "all-reduce"
     sync = accel.sync_overhead_s if tp > 1 else 0.0
     fwd = bwd = comm_f = comm_b = 0.0
@@ -259,7 +260,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         tp_bytes += bus_bytes(kind, act, tp)
     if last:
         f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
-        logits = m * d.vocab / (1 if runtime else tp)  # the loss's: gathered by the runtime
+        logits = m * d.vocab / (1 if gathered else tp)  # the loss's
         norm = (4 if d.family == "gpt" else 8) * whole
         fwd += f + memory_time_s(accel, 18 * logits + norm, 6)
         bwd += b + memory_time_s(accel, 18 * logits + 2 * norm, 8)
@@ -272,7 +273,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         gather = "all-gather" if shape.sp else "all-reduce"
         comm_b += collective_time(gather, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(gather, act, tp)
-        if runtime:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
+        if gathered:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
             comm_f += collective_time("all-gather", logits * ab, tp, 1, cluster) + sync
             fwd += memory_time_s(accel, 2 * logits * ab, 1) + fresh_pages_s(accel, logits * ab, 2)
             tp_bytes += bus_bytes("all-gather", logits * ab, tp)

@@ -46,6 +46,10 @@ Fields:
   ``foreach_reduce`` packs the gradients with ``chunk_cat`` before the reduce-scatter, because each
   parameter is sharded on its own dim 0); else the parameters are views into the flat buffer
   (DeepSpeed ZeRO-3's partitioned parameters).
+* ``dtensor_tp_styles``: tensor parallelism is applied with DTensor's parallel styles on each Linear
+  (meshplan's runtime, ``codegen/tp_plans.py``) rather than Megatron's fused regions: each
+  column-parallel Linear takes its input through its own ``from_local`` and so all-reduces its own
+  input gradient, and every op on a DTensor pays DTensor's dispatch (``dispatch.py``).
 * ``fsdp_plain_dp``: plain data parallelism beside TP, PP or EP runs as FSDP2 with shard groups of
   one (DDP cannot wrap DTensor parameters or run under ``torch.distributed.pipelining``;
   ``codegen/lower.py``), which gathers each layer's parameters into a second, unsharded copy and
@@ -94,6 +98,7 @@ class Software:
     zero3_regather_recompute: bool = False
     zero_copy_buffers: bool = False
     vocab_parallel_loss: bool = True
+    dtensor_tp_styles: bool = False
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
     fsdp_under_pipeline: bool = False
@@ -114,8 +119,7 @@ class Software:
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
-                   fsdp_plain_dp=True, ddp_accumulation_copy=True,
-                   fsdp_under_pipeline=True)
+                   dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout
