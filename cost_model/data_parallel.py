@@ -218,7 +218,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
 
     if pipelined:
         (mb_s, mb_slowed, mb_moved), (step_s, step_slowed, step_moved) = (
-            traffic(lambda ops: _pipelined_ops(zero_stage, ops)[0]), traffic(lambda ops: _pipelined_ops(zero_stage, ops)[1]))
+            traffic(lambda ops, i=i: _pipelined_ops(zero_stage, ops)[i]) for i in (0, 1))  # per micro-batch, per step
         return DataParallelCost(per_microbatch_s=mb_s, per_step_s=step_s, bus_bytes=mb_moved * microbatches + step_moved,
                                 compute_per_microbatch_s=mb_slowed, compute_per_step_s=step_slowed)
     exposed, slowed, moved = traffic(lambda ops: ops)
