@@ -136,26 +136,50 @@ def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     model.minimize(sum(terms))
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A CP-SAT model solved: the solver (to read values from), its status, and the statistics."""
+
+    solver: cp_model.CpSolver
+    status: int
+    wall_s: float
+    variables: int
+    constraints: int
+
+    @property
+    def found(self) -> bool:
+        return self.status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+    @property
+    def status_name(self) -> str:
+        return self.solver.status_name(self.status)
+
+
+def run_deterministic(model: cp_model.CpModel, time_limit_s: float) -> Run:
+    """Solve ``model`` with one worker and a fixed seed, so the same input gives the same answer."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    start = time.perf_counter()
+    status = solver.solve(model)
+    return Run(solver=solver, status=status, wall_s=time.perf_counter() - start,
+               variables=len(model.proto.variables), constraints=len(model.proto.constraints))
+
+
 def solve(p: Problem, *, time_limit_s: float = 30.0) -> Solution:
     """Build the program family by family, solve it deterministically, read the answer."""
     model = cp_model.CpModel()
     v = add_variables(model, p)
     for add in (add_choose_one, add_layer_budget, add_memory_limit, add_pinned_recompute, add_objective):
         add(model, p, v)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 1  # deterministic for the same input
-    solver.parameters.random_seed = 0
-    start = time.perf_counter()
-    status = solver.solve(model)
-    wall_s = time.perf_counter() - start
-    proto = model.proto
-    n_vars, n_cons = len(proto.variables), len(proto.constraints)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solution(status=solver.status_name(status), candidate=-1, recompute_layers=(0, 0), objective_s=0.0,
+    run = run_deterministic(model, time_limit_s)
+    solver, wall_s, n_vars, n_cons = run.solver, run.wall_s, run.variables, run.constraints
+    if not run.found:
+        return Solution(status=run.status_name, candidate=-1, recompute_layers=(0, 0), objective_s=0.0,
                         bound_s=0.0, wall_s=wall_s, variables=n_vars, constraints=n_cons)
     chosen = next(c for c in range(len(p.costs)) if solver.value(v.y[c]))
-    return Solution(status=solver.status_name(status), candidate=chosen,
+    return Solution(status=run.status_name, candidate=chosen,
                     recompute_layers=tuple(solver.value(x) for x in v.k[chosen]),
                     objective_s=solver.objective_value / TIME_SCALE, bound_s=solver.best_objective_bound / TIME_SCALE,
                     wall_s=wall_s, variables=n_vars, constraints=n_cons)

@@ -65,7 +65,6 @@ when the search's ``Request.runtime`` has ``"tp_replicate"`` (``space.RUNTIME`` 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from itertools import product
 
@@ -75,6 +74,7 @@ from ..cost_model import Cluster, collective_time
 from ..cost_model.kernels import attention_fwd_bwd_s, matmul_fwd_bwd_s, memory_time_s
 from ..cost_model.memory import STATE_BYTES
 from ..ir import BATCH, DTYPE_BYTES, SEQ, Graph, Node, OpKind, evaluate
+from .ilp import run_deterministic
 
 TIME_SCALE = 1e9  # seconds -> ns
 MEMORY_SCALE = 1 / 1024  # bytes -> KiB
@@ -254,20 +254,13 @@ def solve(p: Problem, *, time_limit_s: float = 10.0) -> Solution:
     v = add_variables(model, p)
     for add in FAMILIES:
         add(model, p, v)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 1  # deterministic for the same input
-    solver.parameters.random_seed = 0
-    start = time.perf_counter()
-    status = solver.solve(model)
-    wall_s = time.perf_counter() - start
-    n_vars, n_cons = len(model.proto.variables), len(model.proto.constraints)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solution(kind=p.kind, count=p.count, status=solver.status_name(status), choice=(), strategies=(),
+    run = run_deterministic(model, time_limit_s)
+    if not run.found:
+        return Solution(kind=p.kind, count=p.count, status=run.status_name, choice=(), strategies=(),
                         linears=(), block_time_s=0.0, block_comm_s=0.0, collectives=(), memory_bytes=0.0,
-                        variables=n_vars, constraints=n_cons, wall_s=wall_s)
-    choice = tuple(next(i for i, x in enumerate(xs) if solver.value(x)) for xs in v.x)
-    return _read(p, choice, solver.status_name(status), n_vars, n_cons, wall_s)
+                        variables=run.variables, constraints=run.constraints, wall_s=run.wall_s)
+    choice = tuple(next(i for i, x in enumerate(xs) if run.solver.value(x)) for xs in v.x)
+    return _read(p, choice, run.status_name, run.variables, run.constraints, run.wall_s)
 
 
 def _read(p: Problem, choice: tuple[int, ...], status: str, n_vars: int, n_cons: int, wall_s: float) -> Solution:
