@@ -70,12 +70,9 @@ def _live_bytes(memory: list[dict]) -> list[tuple[float, int]]:
 
 
 def step_allocated_peak(run_step) -> int:
-    """The most bytes ``run_step()`` holds at once beyond what existed before it (blocks it frees
-    that were allocated before it are not subtracted, so this errs high)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_step()
-    memory, _ = _memory_events(prof)
-    return max([0, *(b for _, b in _live_bytes(memory))])
+    """The most bytes ``run_step()`` holds at once beyond what existed before it (blocks allocated
+    before it and freed inside it are not subtracted, so this errs high)."""
+    return measure_plan_memory(lambda: None, lambda _: run_step())["in_step"]
 
 
 MEASURED = "meshplan.measured_step"
