@@ -7,7 +7,7 @@ backward and recomputation, with the TP/EP/CP communication inside it and the pe
 ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
 
     step = m * max_r t_r                      compute + in-layer exposed communication
-         + bubble(schedule, p, v, max_r t_r)  pipeline.py
+         + bubble(schedule, v, t_r)           pipeline.py: the ranks but the slowest, sum t_r / v
          + m * v * 2 * send_recv(b*s*h)       pipeline activations forward and gradients backward,
                                               exposed per micro-batch (Narayanan 2021 sec. 4.1)
          + exposed DP / ZeRO-1 reduction      data_parallel.py, after the last backward
@@ -168,7 +168,8 @@ def _step_parts(times: list[RankTime], cluster: Cluster, plan: Plan, p2p_s: floa
     """compute, exposed communication and bubble of a step (see the module docstring)."""
     m, mesh = plan.num_microbatches, plan.mesh
     slowest = max(times, key=lambda t: t.microbatch_s)
-    bubble = bubble_s(plan.schedule, mesh.pp, plan.vp, slowest.microbatch_s)
+    # one entry per pipeline rank (``_rank_times``); the pp ranks beside each other run the same stages
+    bubble = bubble_s(plan.schedule, plan.vp, [t.microbatch_s for t in times])
     per_step = max(t.dp.per_step_s for t in times)
     parts = {"compute": m * slowest.compute_s + max(t.optimizer_s for t in times),
              "exposed_comm": m * slowest.comm_s + p2p_s + per_step, "bubble": bubble}

@@ -12,8 +12,14 @@ rank; Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2):
 * zero-bubble: Qi et al. 2023 (arXiv:2401.10241) ZB-H1 splits the backward into input and weight
   gradients and cuts 1F1B's bubble to about a third, at 1F1B's memory: ``(p - 1) / (3 * m)``.
 
-With uneven stages the slowest rank sets the pace, and we charge its time for every bubble slot
-(an upper bound: the real bubble is the sum of the other ranks' warm-up and cool-down).
+With uneven stages (the embedding on the first rank, the output layer and loss on the last) the
+slowest rank k sets the pace, and the bubble is the other ranks' warm-up and cool-down: the
+first micro-batch's forward reaches k through the ranks before it, the last one's backward
+leaves through them, and the ranks after k add their share of both. With t_r the time of one
+micro-batch (forward and backward) on rank r the step is ``(m - 1) * t_k + sum_r t_r`` (the
+latency of a pipeline of unequal stages; DAPPLE, Fan et al. 2021, arXiv:2007.01045, sec. 4), so
+the bubble is ``sum_{r != k} t_r``, divided by v under interleaving and scaled like the even
+case under zero bubble. With even stages this is ``(p - 1) * t``, Narayanan's formula.
 
 Activations in flight (Narayanan sec. 2.2.1; Korthikanti et al. 2022 sec. 4.2.3): under 1F1B and
 ZB-H1 pipeline rank r holds ``min(p - r, m)`` micro-batches, the first rank the most; interleaving
@@ -22,6 +28,7 @@ accumulation runs the micro-batches one after another and holds one.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -66,11 +73,12 @@ def _rank_layers(pp: int, stages: tuple[tuple[int, int], ...], recompute: tuple[
                  for r, c in enumerate(counts))
 
 
-def bubble_s(schedule: Schedule, pp: int, vp: int, slowest_microbatch_s: float) -> float:
-    """Idle time of the pipeline per step, given the slowest rank's time per micro-batch."""
-    if pp <= 1:
+def bubble_s(schedule: Schedule, vp: int, microbatch_s: Sequence[float]) -> float:
+    """Idle time of the pipeline per step, given each pipeline rank's time per micro-batch: the
+    other ranks' times besides the slowest one's (see the module docstring)."""
+    if len(microbatch_s) <= 1:
         return 0.0
-    return BUBBLE_SHARE[Schedule(schedule)] * (pp - 1) / vp * slowest_microbatch_s
+    return BUBBLE_SHARE[Schedule(schedule)] * (sum(microbatch_s) - max(microbatch_s)) / vp
 
 
 def inflight_microbatches(schedule: Schedule, pp: int, vp: int, microbatches: int, rank: int) -> float:
