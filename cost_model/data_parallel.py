@@ -44,7 +44,9 @@ reported as compute::
 A ZeRO-2/3 program that copies parameters out of its all-gather buffer and gradients into its
 reduce-scatter buffer (``Software.zero_copy_buffers``, PyTorch FSDP2) reads and writes each byte
 once more per collective: ``2 * bytes`` at HBM bandwidth per gather and per reduce-scatter, per
-micro-batch, also reported as compute.
+micro-batch, also reported as compute. FSDP2's own framework cost (its hooks and buffer bookkeeping,
+``Accelerator.fsdp_unit_s``, calibrated on CPUs, where it is milliseconds per unit; 0 on GPU
+presets, where it runs ahead of the kernels) is charged per unit, micro-batch and pass (``runs_fsdp``).
 
 On a shared-memory tier (CPU processes over gloo) a collective is copied and reduced by the same
 cores that compute, so overlapping it with compute saves nothing: all of it is exposed, and each call
@@ -216,16 +218,30 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
             slowed += memory_time_s(accel, copies, 0)
         return waits + fwd_exposed + bwd_exposed, slowed, moved
 
+    # FSDP2's framework cost per unit and pass (calibrated on CPU profiles, 0 on GPU presets): forward and
+    # backward of every micro-batch, and the recomputed forward of fully recomputed layers
+    hooks = (params.units * (2 + recomputed_share) * accel.fsdp_unit_s
+             if runs_fsdp(mesh, zero_stage, software) else 0.0)
     if pipelined:
         (mb_s, mb_slowed, mb_moved), (step_s, step_slowed, step_moved) = (
             traffic(lambda ops, i=i: _pipelined_ops(zero_stage, ops)[i]) for i in (0, 1))  # per micro-batch, per step
         return DataParallelCost(per_microbatch_s=mb_s, per_step_s=step_s, bus_bytes=mb_moved * microbatches + step_moved,
-                                compute_per_microbatch_s=mb_slowed, compute_per_step_s=step_slowed)
+                                compute_per_microbatch_s=mb_slowed + hooks, compute_per_step_s=step_slowed)
     exposed, slowed, moved = traffic(lambda ops: ops)
     if zero_stage >= 2:
         return DataParallelCost(per_microbatch_s=exposed, per_step_s=0.0, bus_bytes=moved * microbatches,
-                                compute_per_microbatch_s=slowed)
-    return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved, compute_per_step_s=slowed)
+                                compute_per_microbatch_s=slowed + hooks)
+    return DataParallelCost(per_microbatch_s=0.0, per_step_s=exposed, bus_bytes=moved, compute_per_step_s=slowed,
+                            compute_per_microbatch_s=hooks)
+
+
+def runs_fsdp(mesh: Mesh, zero_stage: int, software: Software) -> bool:
+    """Whether the program runs the data parallelism with FSDP2 (``Software.zero_copy_buffers``): ZeRO-2/3,
+    and with ``fsdp_plain_dp`` plain DP beside TP, PP or EP (HSDP with a shard group of one); DDP
+    otherwise (and ZeRO-1, which the runtime has only without TP, PP and EP)."""
+    if not software.zero_copy_buffers or mesh.dp * mesh.cp <= 1:
+        return False
+    return zero_stage >= 2 or (software.fsdp_plain_dp and zero_stage <= 1 and max(mesh.tp, mesh.pp, mesh.ep) > 1)
 
 
 def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int,

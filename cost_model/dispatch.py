@@ -46,6 +46,13 @@ GPT, per layer (Llama/MoE: the same rules over their modules, not checked by a r
   AdamW ops (sqrt 2.5, mul_ 2.1, lerp_ 1.5, addcdiv_ 1.5, div 1.3, add_ 1.1, addcmul_ 1.0, and DDP's
   gradient division 2.2), 5.3M x 80 B at the 37 GB/s a copy runs in CPU time: 11.5 ms.
 
+Each module given a DTensor parallel style (a TP Linear, the vocab-parallel embedding, a norm under
+SP) also pays the style's own cost beyond its ops and collectives: ``from_local`` and ``to_local``,
+redistributing its input or output, wrapping the functional collectives' results for autograd
+(``Accelerator.tp_style_fwd_s``/``tp_style_bwd_s``; ``meshplan calibrate`` times a tiny
+ColwiseParallel + RowwiseParallel MLP and subtracts what its ops and calls are charged). On the
+2-core machine here it was ~0.1-0.3 ms per module and pass, several times the module's ops.
+
 Collectives the program's structure adds under TP, also counted here: without SP each
 column-parallel Linear all-reduces its own input gradient (``SEPARATE_INPUT_GRADS``;
 ``layer_cost._comm``), and the loss runs on logits gathered to every rank
@@ -95,11 +102,12 @@ class Dispatches:
     plain_bwd: int = 0
     dtensor_fwd: int = 0
     dtensor_bwd: int = 0
+    styled: int = 0  # modules run through a DTensor parallel style (each pays its own cost, fwd and bwd)
 
     def __add__(self, other: "Dispatches") -> "Dispatches":
         return Dispatches(plain_fwd=self.plain_fwd + other.plain_fwd, plain_bwd=self.plain_bwd + other.plain_bwd,
                           dtensor_fwd=self.dtensor_fwd + other.dtensor_fwd,
-                          dtensor_bwd=self.dtensor_bwd + other.dtensor_bwd)
+                          dtensor_bwd=self.dtensor_bwd + other.dtensor_bwd, styled=self.styled + other.styled)
 
 
 def _linears(count: int, bias: bool, on_dtensors: bool) -> Dispatches:
@@ -107,12 +115,14 @@ def _linears(count: int, bias: bool, on_dtensors: bool) -> Dispatches:
     if not on_dtensors:
         return Dispatches(plain_fwd=fwd, plain_bwd=bwd)
     return Dispatches(plain_fwd=TP_BOUNDARY[0] * count, plain_bwd=TP_BOUNDARY[1] * count,
-                      dtensor_fwd=fwd, dtensor_bwd=bwd)
+                      dtensor_fwd=fwd, dtensor_bwd=bwd, styled=count)
 
 
 def _norms(count: int, params_each: int, on_dtensors: bool) -> Dispatches:
     fwd, bwd = count, count * (1 + params_each)
-    return Dispatches(dtensor_fwd=fwd, dtensor_bwd=bwd) if on_dtensors else Dispatches(plain_fwd=fwd, plain_bwd=bwd)
+    if on_dtensors:  # SequenceParallel: a style of their own
+        return Dispatches(dtensor_fwd=fwd, dtensor_bwd=bwd, styled=count)
+    return Dispatches(plain_fwd=fwd, plain_bwd=bwd)
 
 
 def norm_params(dims: ModelDims) -> int:
@@ -143,7 +153,8 @@ def edge_dispatches(dims: ModelDims, tp: int, sp: bool, *, first: bool, last: bo
     out = Dispatches()
     on_dtensors = tp > 1
     if first:
-        tok = Dispatches(dtensor_fwd=1, dtensor_bwd=2) if on_dtensors else Dispatches(plain_fwd=1, plain_bwd=2)
+        tok = (Dispatches(dtensor_fwd=1, dtensor_bwd=2, styled=1) if on_dtensors  # RowwiseParallel
+               else Dispatches(plain_fwd=1, plain_bwd=2))
         # GPT: the position embedding (arange, embedding; its backward and detach) and the add
         out = out + tok + (Dispatches(plain_fwd=3, plain_bwd=2) if dims.family == "gpt" else Dispatches())
     if last:
@@ -196,8 +207,10 @@ def single_tensor_adamw_excess_s(cluster: Cluster, shard_params: float, fused_by
 def dispatch_s(counts: Dispatches, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) framework seconds of ``counts``."""
     accel = cluster.accelerator
-    return (counts.plain_fwd * accel.dispatch_s + counts.dtensor_fwd * accel.dtensor_dispatch_s,
-            counts.plain_bwd * accel.dispatch_s + counts.dtensor_bwd * accel.dtensor_dispatch_s)
+    return (counts.plain_fwd * accel.dispatch_s + counts.dtensor_fwd * accel.dtensor_dispatch_s
+            + counts.styled * accel.tp_style_fwd_s,
+            counts.plain_bwd * accel.dispatch_s + counts.dtensor_bwd * accel.dtensor_dispatch_s
+            + counts.styled * accel.tp_style_bwd_s)
 
 
 def partial_grad_allreduces(dims: ModelDims, *, layers: int, last: bool, tp: int, sp: bool) -> int:

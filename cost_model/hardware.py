@@ -92,6 +92,11 @@ class Accelerator:
     dispatch_s: float = 0.0  # framework cost of one aten op dispatched eagerly, with its autograd share
     dtensor_dispatch_s: float = 0.0  # the same for an op on DTensors (sharding propagation, wrapping)
     sync_overhead_s: float = 0.0  # a TP collective's cost after compute beyond its time among ranks in step
+    fsdp_unit_s: float = 0.0  # FSDP2's framework cost per unit per forward or backward pass (hooks, buffers)
+    # a DTensor parallel style's cost per module beyond its ops and collectives (from_local, to_local,
+    # redistributing), forward and backward
+    tp_style_fwd_s: float = 0.0
+    tp_style_bwd_s: float = 0.0
     # measured seconds per element of the elementwise ops that are compute-bound on a CPU core (tanh,
     # exp): (op, s) with op in TRANSCENDENTAL_OPS; empty: every elementwise op is memory-bound
     transcendental_s_per_elem: tuple[tuple[str, float], ...] = ()
@@ -129,7 +134,8 @@ class Accelerator:
             raise InvalidClusterError(f"{who}: kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
         if not 0 < self.matmul_bwd_efficiency <= 4:
             raise InvalidClusterError(f"{who}: matmul_bwd_efficiency must be in (0, 4], got {self.matmul_bwd_efficiency!r}")
-        for name in ("dispatch_s", "dtensor_dispatch_s", "sync_overhead_s", "first_touch_s_per_byte"):
+        for name in ("dispatch_s", "dtensor_dispatch_s", "sync_overhead_s", "fsdp_unit_s", "tp_style_fwd_s",
+                     "tp_style_bwd_s", "first_touch_s_per_byte"):
             if not getattr(self, name) >= 0:
                 raise InvalidClusterError(f"{who}: {name} must be >= 0, got {getattr(self, name)!r}")
         object.__setattr__(self, "transcendental_s_per_elem", tuple(tuple(r) for r in self.transcendental_s_per_elem))
@@ -150,7 +156,8 @@ class Accelerator:
             self.memory_bytes, self.reserved_bytes, self.memory_bw_Bps, self.memory_efficiency,
             self.attention_efficiency, self.kernel_overhead_s, self.compute_units, self.matmul_tile_elems,
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
-            self.sync_overhead_s, self.transcendental_s_per_elem, self.first_touch_s_per_byte,
+            self.sync_overhead_s, self.fsdp_unit_s, self.tp_style_fwd_s, self.tp_style_bwd_s,
+            self.transcendental_s_per_elem, self.first_touch_s_per_byte,
             self.attention_by_head_dim)))
 
     def __hash__(self) -> int:

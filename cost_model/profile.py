@@ -60,6 +60,17 @@ Fits (least squares on relative error, so small and large sizes weigh alike):
 * sync_after_compute (optional {group_size, bytes, compute_s, seconds}: a matmul, then an all-reduce
   as DTensor issues it) -> ``sync_overhead_s`` = seconds - compute_s - the fitted all-reduce time
   (>= 0; 0 when absent), charged per tensor-parallel collective call (``layer_cost``);
+* fsdp (optional {units, bare_s, seconds}: on the main thread, a forward and backward through tiny
+  layers each sharded by FSDP2 over the world, and the same layers unsharded with the same
+  collective calls issued bare) -> ``fsdp_unit_s`` = (seconds - bare_s) / (2 * units) (>= 0; 0
+  when absent): FSDP2's own cost per unit and pass, charged per unit, micro-batch and pass where
+  the program runs FSDP2 (``data_parallel.py``);
+* tp_linear (optional {linears, {styled, by_hand}_{fwd, both}_{s, ops}}: on the main thread, a tiny
+  MLP split with ColwiseParallel and RowwiseParallel over the world, and the same local matmuls
+  with the same all-reduces by hand, forward alone and with backward, and the aten ops each made)
+  -> ``tp_style_fwd_s``, ``tp_style_bwd_s`` = the styled time less the by-hand one, each less its
+  ops at ``dispatch_s``/``dtensor_dispatch_s``, over the Linears (>= 0; 0 when absent): a parallel
+  style's own cost, charged per module the runtime gives a style (``dispatch.py``);
 * attention: the causal SDPA's executed FLOPs (half of 4*b*a*s^2*d) over its time and the peak;
   with ``attention_by_head_dim`` the same per head dim, and the backward's time over the forward's
   (``Accelerator.attention_by_head_dim``; ``kernels.attention_fwd_bwd_s`` interpolates by the model's
@@ -134,16 +145,66 @@ def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str 
     sync = _field(data, "sync_after_compute", dict, where)
     at = f"{where}: sync_after_compute"
     size, nbytes, compute_s, both_s = (_positive(sync, k, at) for k in ("group_size", "bytes", "compute_s", "seconds"))
-    if int(size) != size or not 2 <= size <= processes:
-        raise InvalidClusterError(f"{at}: group_size must be 2 to processes({processes}) ranks, got {size!r}")
+    _group_size(size, processes, at)
     alone = collective_time(Collective.ALL_REDUCE, nbytes, int(size), 1, cluster)
     extra = max(0.0, both_s - compute_s - alone)
-    return dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
+    cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
+    if "fsdp" in data:  # optional: profiles written before them lack these
+        cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(
+            cluster.accelerator, fsdp_unit_s=_fsdp_unit_s(data, where)))
+    if "tp_linear" in data:
+        fwd, bwd = _tp_style_s(data, where, cluster)
+        cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(
+            cluster.accelerator, tp_style_fwd_s=fwd, tp_style_bwd_s=bwd))
+    return cluster
+
+
+def _group_size(size: float, processes: int, at: str) -> None:
+    if int(size) != size or not 2 <= size <= processes:
+        raise InvalidClusterError(f"{at}: group_size must be 2 to processes({processes}) ranks, got {size!r}")
+
+
+def _tp_style_s(data: dict[str, Any], where: str, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) cost of one module's DTensor parallel style: the styled tiny MLP's main-thread
+    time less the same matmuls with the same all-reduces by hand, less the difference of their ops'
+    dispatch as the model charges it (``dispatch_s``, ``dtensor_dispatch_s``), over its Linears (>= 0)."""
+    row = _field(data, "tp_linear", dict, where)
+    at = f"{where}: tp_linear"
+    accel = cluster.accelerator
+    linears = _positive(row, "linears", at)
+
+    def part(name: str, kind: str) -> tuple[float, float]:
+        ops = _field(row, f"{name}_{kind}_ops", dict, at)
+        charged = (_count_field(ops, "plain", at) * accel.dispatch_s
+                   + _count_field(ops, "dtensor", at) * accel.dtensor_dispatch_s)
+        return _positive(row, f"{name}_{kind}_s", at), charged
+
+    (styled_f, styled_f_ops), (hand_f, hand_f_ops) = part("styled", "fwd"), part("by_hand", "fwd")
+    (styled_b, styled_b_ops), (hand_b, hand_b_ops) = part("styled", "both"), part("by_hand", "both")
+    fwd = (styled_f - styled_f_ops) - (hand_f - hand_f_ops)
+    both = (styled_b - styled_b_ops) - (hand_b - hand_b_ops)
+    return max(0.0, fwd) / linears, max(0.0, both - max(0.0, fwd)) / linears
+
+
+def _count_field(row: dict[str, Any], key: str, at: str) -> int:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidClusterError(f"{at}: {key} must be a count >= 0, got {value!r}")
+    return value
+
+
+def _fsdp_unit_s(data: dict[str, Any], where: str) -> float:
+    """FSDP2's cost per unit and pass on the main thread: the sharded layers' forward and backward less
+    the unsharded ones' with the same collective calls issued bare, over 2 passes per unit (>= 0)."""
+    row = _field(data, "fsdp", dict, where)
+    at = f"{where}: fsdp"
+    units, bare_s, fsdp_s = (_positive(row, k, at) for k in ("units", "bare_s", "seconds"))
+    return max(0.0, fsdp_s - bare_s) / (2 * units)
 
 
 # compute timings that a CPU profile measured with their CPU time too; collectives are not among them
 COMPUTE_ROWS = ("matmul", "memory_copy", "matmul_backward", "transcendental", "attention_by_head_dim")
-COMPUTE_FIELDS = ("op_overhead", "first_touch", "attention")
+COMPUTE_FIELDS = ("op_overhead", "first_touch", "attention", "fsdp", "tp_linear")
 
 
 def _cpu_twin(key: str) -> str:

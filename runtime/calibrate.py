@@ -30,7 +30,13 @@ time of its thread:
   a collective's time is its slowest rank's;
 * a matmul followed by a small all-reduce over the world as DTensor issues it, alone and together
   (what a collective call costs after compute, beyond its time among ranks that enter it at once:
-  on shared cores, the wait for the rank the scheduler ran last).
+  on shared cores, the wait for the rank the scheduler ran last);
+* a tiny MLP split over the world with DTensor's ColwiseParallel and RowwiseParallel, forward alone
+  and with its backward, and the ops and collective calls it makes: a parallel style's cost per
+  Linear beyond them;
+* a forward and backward through tiny layers each sharded by FSDP2 over the world, and unsharded:
+  FSDP2's framework cost per unit and pass (its hooks and buffer bookkeeping), which on a CPU is
+  milliseconds, as much as a small layer's compute.
 
 Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
 from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
@@ -57,6 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch import nn
 
 from .distributed import device_for_rank, init_distributed
 
@@ -117,17 +124,17 @@ def _run(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
 
 
 def _timed_both(fn: Callable[[], Any], device: torch.device, *, collective: bool = False,
-                min_s: float = MIN_TIMING_S) -> tuple[float, float]:
+                min_s: float = MIN_TIMING_S, main_thread: bool = False) -> tuple[float, float]:
     """(wall, CPU) median seconds of one call of ``fn`` over ``REPEATS`` timings of at least ``min_s``
     each. The wall time counts the time slices other processes took from this one; the CPU time
     (user and system) does not: this thread's, or for a collective the whole process's (gloo copies
-    and reduces in its own threads). For a collective every rank of the world runs the same number
-    of calls (rank 0's choice)."""
+    and reduces in its own threads) unless ``main_thread``. For a collective every rank of the world
+    runs the same number of calls (rank 0's choice)."""
     once = _run(fn, device, 1)  # warm-up: allocation, kernel selection, connections
     calls = torch.tensor([max(1, min(10_000, round(min_s / max(once, 1e-7))))])
     if collective:
         dist.broadcast(calls, src=0)
-    clock = time.process_time if collective else time.thread_time
+    clock = time.process_time if collective and not main_thread else time.thread_time
     runs = [_run_both(fn, device, int(calls), clock) for _ in range(REPEATS)]
     return (statistics.median(w for w, _ in runs) / int(calls), statistics.median(c for _, c in runs) / int(calls))
 
@@ -380,6 +387,139 @@ def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) ->
             "compute_cpu_s": compute_cpu, "cpu_seconds": both_cpu}
 
 
+FSDP_UNITS = 4  # tiny layers, each its own FSDP2 unit
+FSDP_WIDTH = 16
+FSDP_LINEARS = 4
+FRAMEWORK_TIMING_S = 0.3  # each timing spans many calls: a rank's share of the cores varies from call to call
+
+
+def _fsdp_overhead(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """FSDP2's own cost per unit, on the main thread: a forward and backward through ``FSDP_UNITS``
+    tiny units (``FSDP_LINEARS`` Linears with biases each, as many parameter tensors as a block has)
+    each sharded over the world (resharded after forward: per unit an all-gather
+    forward, one backward and a reduce-scatter), against the same layers unsharded plus the same
+    collective calls issued bare. The difference is the hooks, the gathered parameters' bookkeeping
+    and the copies in and out of the buffers (``cost_model.profile``: ``fsdp_unit_s``); the calls
+    themselves are priced as collectives. Main-thread CPU: the calls' work in gloo's threads is the
+    collectives' own, in both."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def layers() -> nn.Module:  # a unit of FSDP_LINEARS Linears with biases: a block's ~8-12 parameter tensors
+        torch.manual_seed(0)
+        return nn.Sequential(*(nn.Sequential(*(nn.Linear(FSDP_WIDTH, FSDP_WIDTH) for _ in range(FSDP_LINEARS)))
+                               for _ in range(FSDP_UNITS))).to(device=device, dtype=dtype)
+
+    x = torch.ones(2, FSDP_WIDTH, device=device, dtype=dtype)
+    plain = layers()
+    elems = FSDP_LINEARS * (FSDP_WIDTH + 1) * FSDP_WIDTH
+    shard = torch.ones(-(-elems // world), device=device, dtype=dtype)
+    whole = torch.ones(shard.numel() * world, device=device, dtype=dtype)
+
+    def bare() -> None:
+        plain(x).sum().backward()
+        for _ in range(FSDP_UNITS):
+            dist.all_gather_into_tensor(whole, shard)
+            dist.all_gather_into_tensor(whole, shard)
+            dist.reduce_scatter_tensor(shard, whole)
+
+    dist.barrier()
+    bare_s, bare_cpu = _timed_both(bare, device, collective=True, min_s=FRAMEWORK_TIMING_S, main_thread=True)
+    sharded = layers()
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in sharded:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh)
+    dist.barrier()
+    fsdp_s, fsdp_cpu = _timed_both(lambda: sharded(x).sum().backward(), device, collective=True,
+                                   min_s=FRAMEWORK_TIMING_S, main_thread=True)
+    return {"units": FSDP_UNITS, "bare_s": bare_s, "bare_cpu_s": bare_cpu, "seconds": fsdp_s, "cpu_seconds": fsdp_cpu}
+
+
+TP_WIDTH = 8  # per rank: the tiny MLP's hidden width is TP_WIDTH * world
+
+
+def count_ops(fn: Callable[[], Any]) -> dict[str, int]:
+    """Aten ops one call of ``fn`` dispatches: ``plain`` (besides collectives), ``dtensor`` (an op on
+    DTensors counts once) and ``collectives`` (functional collective calls)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = dict.fromkeys(("plain", "dtensor", "collectives"), 0)
+    calls = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if any(issubclass(t, DTensor) for t in types):
+                counts["dtensor"] += 1
+            elif func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in calls:
+                counts["collectives"] += 1
+            else:
+                counts["plain"] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return counts
+
+
+class _AllReduce(torch.autograd.Function):
+    """``y = all_reduce(x)`` forward, or the identity forward and ``all_reduce`` of the gradient
+    backward: Megatron's g and f, by hand."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward: bool) -> torch.Tensor:  # noqa: ANN401
+        ctx.forward = forward
+        if forward:
+            x = x.clone()
+            dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN401
+        if not ctx.forward:
+            grad = grad.clone()
+            dist.all_reduce(grad)
+        return grad, None
+
+
+def _tp_overhead(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """DTensor's parallel styles' own cost, on the main thread: a tiny MLP split over the world as the
+    runtime splits a block's (``ColwiseParallel`` then ``RowwiseParallel``), forward alone and with
+    its backward, against the same local matmuls with the same all-reduces issued by hand (output
+    forward, input gradient backward), and the aten ops each makes. What remains beyond the ops'
+    dispatch is the styles' (``from_local``/``to_local``, redistributing, wrapping the collectives'
+    results for autograd): ``cost_model.profile``'s ``tp_style_fwd_s``/``tp_style_bwd_s``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    width = TP_WIDTH * world
+    mlp = nn.Sequential(nn.Linear(16, width, bias=False), nn.Linear(width, 16, bias=False)).to(device=device,
+                                                                                                dtype=dtype)
+    w1 = mlp[0].weight.detach()[:TP_WIDTH].clone().requires_grad_()  # this rank's shards, by hand
+    w2 = mlp[1].weight.detach()[:, :TP_WIDTH].clone().requires_grad_()
+    mesh = init_device_mesh(device.type, (world,))
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    x = torch.ones(2, 16, device=device, dtype=dtype, requires_grad=True)  # an activation: its gradient is reduced
+
+    def by_hand() -> torch.Tensor:
+        h = _AllReduce.apply(x, False) @ w1.t()
+        return _AllReduce.apply(h @ w2.t(), True).sum()
+
+    def styled() -> torch.Tensor:
+        return mlp(x).sum()  # using the output waits for RowwiseParallel's all-reduce, as the next layer does
+
+    out: dict[str, Any] = {"linears": 2}
+    for name, fn in (("by_hand", by_hand), ("styled", styled)):
+        for part, call in (("fwd", fn), ("both", lambda fn=fn: fn().backward())):
+            out[f"{name}_{part}_ops"] = count_ops(call)
+            dist.barrier()
+            wall, cpu = _timed_both(call, device, collective=True, min_s=FRAMEWORK_TIMING_S, main_thread=True)
+            out[f"{name}_{part}_s"], out[f"{name}_{part}_cpu_s"] = wall, cpu
+    return out
+
+
 def measure(world: int) -> dict[str, Any] | None:
     """Every rank of an initialized process group measures; rank 0 gets the profile, the others None."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
@@ -388,6 +528,8 @@ def measure(world: int) -> dict[str, Any] | None:
     mine = {"compute": _compute(device, dtype), "collectives": _collectives(world, device), "rss": _rss_bytes()}
     if world > 1:
         mine["sync"] = _sync_after_compute(world, device, dtype)
+        mine["fsdp"] = _fsdp_overhead(world, device, dtype)
+        mine["tp"] = _tp_overhead(world, device, dtype)
     rank = dist.get_rank()
     gathered: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
@@ -427,8 +569,8 @@ def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
             "process_rss_bytes": max(p["process_rss_bytes"] for p in profiles),
             "collectives": {kind: _median_rows([p["collectives"][kind] for p in profiles])
                             for kind in first["collectives"]},
-            **({"sync_after_compute": _median_fields([p["sync_after_compute"] for p in profiles])}
-               if all("sync_after_compute" in p for p in profiles) else {}),
+            **{k: _median_fields([p[k] for p in profiles]) for k in ("sync_after_compute", "fsdp", "tp_linear")
+               if all(k in p for p in profiles)},
             "rounds": len(profiles)}
 
 
@@ -459,7 +601,9 @@ def profile_from_ranks(ranks: list[dict[str, Any]], world: int, dtype: torch.dty
     if world > 1:  # compute as the median rank's, the pair as the slowest rank's (as a collective)
         sync = {"sync_after_compute": {**ranks[0]["sync"], **{
             k: statistics.median(r["sync"][k] for r in ranks) for k in ("compute_s", "compute_cpu_s")}, **{
-            k: max(r["sync"][k] for r in ranks) for k in ("seconds", "cpu_seconds")}}}
+            k: max(r["sync"][k] for r in ranks) for k in ("seconds", "cpu_seconds")}},
+            # each rank's own framework costs: the median rank's
+            "fsdp": _median_fields([r["fsdp"] for r in ranks]), "tp_linear": _median_fields([r["tp"] for r in ranks])}
     return {
         **sync,
         "schema": SCHEMA,

@@ -224,3 +224,78 @@ def test_sync_after_compute_is_the_excess_over_compute_and_the_fitted_all_reduce
     data["sync_after_compute"]["group_size"] = 8
     with pytest.raises(ir.InvalidClusterError, match="group_size must be 2 to processes"):
         cluster_from_profile(data)
+
+
+def _framework_rows(data: dict) -> dict:
+    """``sync_after_compute`` (which the framework rows need) plus the FSDP and TP-style rows: FSDP
+    units cost 1 ms each pass beyond their bare calls; a styled Linear 0.3 ms forward and 0.5 ms
+    backward beyond its ops, which cost 10 us (DTensor) and 2 us (plain) each."""
+    call_s, bus = TRUE[("all-reduce", 4)]
+    alone = call_s + bus_bytes("all-reduce", 4 << 20, 4) / bus
+    data["sync_after_compute"] = {"group_size": 4, "bytes": 4 << 20, "compute_s": 5e-3, "seconds": 5e-3 + alone}
+    data["op_overhead"] = {"plain_s": 2e-6, "dtensor_s": 10e-6, "plain_dispatches": 1, "dtensor_dispatches": 1}
+    data["fsdp"] = {"units": 4, "bare_s": 3e-3, "seconds": 3e-3 + 4 * 2 * 1e-3}
+    ops = {"by_hand_fwd_ops": {"plain": 8, "dtensor": 0, "collectives": 0},
+           "by_hand_both_ops": {"plain": 27, "dtensor": 0, "collectives": 0},
+           "styled_fwd_ops": {"plain": 6, "dtensor": 4, "collectives": 1},
+           "styled_both_ops": {"plain": 13, "dtensor": 18, "collectives": 2}}
+    charged = {k: v["plain"] * 2e-6 + v["dtensor"] * 10e-6 for k, v in ops.items()}
+    hand_f, hand_b = 1e-3, 2.5e-3
+    data["tp_linear"] = {"linears": 2, **ops, "by_hand_fwd_s": hand_f + charged["by_hand_fwd_ops"],
+                         "by_hand_both_s": hand_b + charged["by_hand_both_ops"],
+                         "styled_fwd_s": hand_f + 2 * 0.3e-3 + charged["styled_fwd_ops"],
+                         "styled_both_s": hand_b + 2 * (0.3e-3 + 0.5e-3) + charged["styled_both_ops"]}
+    return data
+
+
+def test_framework_costs_are_the_excess_over_the_bare_counterparts() -> None:
+    plain = cluster_from_profile(synthetic_profile()).accelerator
+    assert plain.fsdp_unit_s == plain.tp_style_fwd_s == plain.tp_style_bwd_s == 0.0  # absent: nothing charged
+    accel = cluster_from_profile(_framework_rows(synthetic_profile())).accelerator
+    assert accel.fsdp_unit_s == pytest.approx(1e-3)
+    assert accel.tp_style_fwd_s == pytest.approx(0.3e-3)
+    assert accel.tp_style_bwd_s == pytest.approx(0.5e-3)
+    # a styled MLP no slower than the same work by hand costs nothing more, never less than nothing
+    data = _framework_rows(synthetic_profile())
+    data["tp_linear"]["styled_both_s"] = data["tp_linear"]["styled_fwd_s"] = 1e-4
+    data["fsdp"]["seconds"] = 1e-3
+    accel = cluster_from_profile(data).accelerator
+    assert accel.fsdp_unit_s == accel.tp_style_fwd_s == accel.tp_style_bwd_s == 0.0
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d["fsdp"].pop("bare_s"), "fsdp: bare_s must be a positive number"),
+    (lambda d: d["tp_linear"]["styled_fwd_ops"].update(dtensor=-1), "tp_linear: dtensor must be a count >= 0"),
+    (lambda d: d["tp_linear"].pop("by_hand_both_ops"), "by_hand_both_ops"),
+])
+def test_malformed_framework_rows_are_refused(change, words) -> None:
+    data = _framework_rows(synthetic_profile())
+    change(data)
+    with pytest.raises(ir.InvalidClusterError) as err:
+        cluster_from_profile(data)
+    assert words in str(err.value)
+
+
+def test_framework_costs_are_charged_where_the_runtime_pays_them(make_graph, make_plan, make_gpt) -> None:
+    """FSDP2's per-unit cost under ZeRO-3 and beside TP, never under DDP; the styles' cost under TP only."""
+    import dataclasses
+
+    from meshplan.cost_model import estimate
+
+    cfg = make_gpt(4, 256, 8, vocab=4096, seq=128)
+    graph = make_graph(cfg)
+    base = cluster_from_profile(_framework_rows(synthetic_profile()))
+    free = dataclasses.replace(base, accelerator=dataclasses.replace(base.accelerator, fsdp_unit_s=0.0,
+                                                                     tp_style_fwd_s=0.0, tp_style_bwd_s=0.0))
+    kw = dict(global_batch=16, seq_len=128, micro_batch=4, dtype="float32")
+    plans = {"ddp": make_plan(cfg, base, dp=4, **kw), "zero3": make_plan(cfg, base, dp=4, zero=3, **kw),
+             "tp": make_plan(cfg, base, tp=4, **{**kw, "micro_batch": 16}),
+             "tp_dp": make_plan(cfg, base, tp=2, dp=2, **{**kw, "micro_batch": 8})}
+    extra = {k: estimate(graph, base, p).step_time_s - estimate(graph, free, p).step_time_s for k, p in plans.items()}
+    assert extra["ddp"] == pytest.approx(0.0, abs=1e-12)
+    units = cfg.layers + 1  # a unit per block and the root
+    assert extra["zero3"] == pytest.approx(units * 2 * 1e-3, rel=1e-6)  # one micro-batch: forward and backward
+    styled = cfg.layers * 6 + 2  # q, k, v, o, fc1, fc2 per block; the embedding and the output head
+    assert extra["tp"] == pytest.approx(styled * (0.3e-3 + 0.5e-3), rel=1e-6)
+    # plain DP beside TP runs as FSDP2 (HSDP with a shard group of one): both costs
+    assert extra["tp_dp"] == pytest.approx(styled * 0.8e-3 + units * 2 * 1e-3, rel=1e-6)

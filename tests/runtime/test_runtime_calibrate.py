@@ -31,6 +31,14 @@ def test_calibrate_writes_a_profile_the_cost_model_reads(tmp_path) -> None:
     assert {op for op, _ in accel.transcendental_s_per_elem} == {"gelu", "gelu_backward", "log_softmax",
                                                                   "log_softmax_backward", "sqrt"}
     assert accel.first_touch_s_per_byte >= 0 and profile["first_touch"]["bytes"] >= 32 << 20
+    # the framework rows: the styled MLP's ops as DTensor counts them (an all-reduce forward, one for the
+    # input's gradient backward; the by-hand twin issues its all-reduces outside the dispatcher)
+    tp = profile["tp_linear"]
+    assert tp["styled_fwd_ops"]["collectives"] == 1 and tp["styled_both_ops"]["collectives"] == 2
+    assert tp["styled_both_ops"]["dtensor"] > tp["styled_fwd_ops"]["dtensor"] > 0
+    assert tp["by_hand_both_ops"]["dtensor"] == 0 and tp["by_hand_both_ops"]["plain"] > 0
+    assert profile["fsdp"]["units"] >= 1 and profile["fsdp"]["seconds"] > 0
+    assert accel.fsdp_unit_s >= 0 and accel.tp_style_fwd_s >= 0 and accel.tp_style_bwd_s >= 0
     with pytest.raises(ir.InvalidClusterError, match="but this machine is 'cuda/Other GPU'"):
         Cluster.from_profile(str(path), expect_kind="cuda/Other GPU")
 
