@@ -12,7 +12,8 @@ after every micro-batch:
 * stage 0 (DDP): all-reduce of the gradients once per step (2 Psi (n-1)/n per rank);
 * stage 1: reduce-scatter of the gradients and all-gather of the updated parameters, once per step
   (same 2 Psi volume); meshplan's runtime does ZeRO-1 as PyTorch does (DDP's all-reduce, then
-  ``ZeroRedundancyOptimizer`` broadcasts each owner's updated shard: 3 Psi, ``Software.zero1_allreduce``);
+  ``ZeroRedundancyOptimizer`` broadcasts each updated parameter from its owner, one call per
+  parameter tensor issued together: 3 Psi, ``Software.zero1_allreduce``);
 * stage 2: per micro-batch, all-gather of the parameters and reduce-scatter of the gradients;
 * stage 3: per micro-batch, all-gather forward, all-gather again backward, reduce-scatter
   (3 Psi; 1.5x DP at m = 1).
@@ -64,6 +65,7 @@ from dataclasses import dataclass
 
 from ..ir.plan import Mesh
 from .collectives import bus_bytes, collective_time, flat_collective_time, group_phases
+from .dispatch import param_tensors
 from .hardware import Cluster, TierKind
 from .kernels import memory_time_s
 from .memory import STATE_BYTES
@@ -83,6 +85,7 @@ class RankParams:
     expert: float  # replicated over dp * cp / ep
     bucket: float  # the largest unit: a layer, the embedding or the output layer
     units: int = 1  # FSDP units: one per layer, one for the root (embedding, final norm, output layer)
+    tensors: int = 1  # parameter tensors (torch's ZeroRedundancyOptimizer broadcasts each on its own)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +110,10 @@ def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int, rep
         dense += summary.head_params / tp
         edges.append(summary.head_params / tp)
     units = layers.layers + (1 if layers.first or layers.last else 0)
-    return RankParams(dense=dense, expert=layers.layers * experts, bucket=max(edges), units=max(units, 1))
+    plain, dtensor = param_tensors(summary.dims, layers=layers.layers, first=layers.first, last=layers.last, tp=tp,
+                                   sp=False)
+    return RankParams(dense=dense, expert=layers.layers * experts, bucket=max(edges), units=max(units, 1),
+                      tensors=max(plain + dtensor, 1))
 
 
 def _overlap(comm_s: float, tail_s: float, window_s: float) -> tuple[float, float]:
@@ -122,11 +128,12 @@ def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
          software: Software) -> tuple[tuple[str, int, str, float, str], ...]:
     """(collective, bytes per parameter, phase, share of the parameters, how it is cut into calls)
     per step (stages 0, 1) or micro-batch (2, 3). Calls: DDP ``buckets`` of ``DDP_BUCKET_BYTES``, one
-    per FSDP ``unit``, or one broadcast per ``owner`` of an optimizer shard."""
+    per FSDP ``unit``, or one broadcast per parameter tensor (``tensors``: torch's
+    ``ZeroRedundancyOptimizer._broadcast_params_from_rank`` without ``parameters_as_bucket_view``)."""
     if zero_stage == 0:
         return (("all-reduce", grad_b, "reduce", 1.0, "buckets"),)
     if zero_stage == 1 and software.zero1_allreduce:
-        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"), ("all-gather", param_b, "update", 1.0, "owners"))
+        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"), ("broadcast", param_b, "update", 1.0, "tensors"))
     if zero_stage == 1:
         return (("reduce-scatter", grad_b, "reduce", 1.0, "buckets"), ("all-gather", param_b, "update", 1.0, "buckets"))
     if zero_stage == 2:
@@ -139,8 +146,8 @@ def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
 def _calls(how: str, nbytes: float, params: RankParams, group_size: int) -> int:
     if how == "units":
         return params.units
-    if how == "owners":
-        return group_size
+    if how == "tensors":
+        return params.tensors
     return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
 
 
@@ -202,8 +209,9 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
                 calls = _calls(how, part * count * elem_b, params, size)
                 t = part * time_of(kind, count * elem_b, size, stride, cluster)
                 t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
-                if on_cores:  # CPU ranks: each call also waits for the rank computing last (calibrated)
-                    t += calls * part * accel.sync_overhead_s
+                if on_cores:  # CPU ranks: each call also waits for the rank computing last (calibrated);
+                    # calls issued together and waited on at once (ZeRO-1's broadcasts) wait once
+                    t += (1 if how == "tensors" else calls) * part * accel.sync_overhead_s
                 moved += part * bus_bytes(kind, count * elem_b, size)
                 if software.zero_copy_buffers and zero_stage >= 2 and kind in ("all-gather", "reduce-scatter"):
                     copies += part * 2 * count * elem_b

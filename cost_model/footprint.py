@@ -11,7 +11,8 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
     buffers                      communication buffers (TP gather outputs, pipeline send/recv,
                                  expert all-to-all, ring-attention K/V, FSDP unsharded layers, the
                                  unsharded copy of FSDP2 standing in for DDP, FSDP2's unsharded
-                                 gradients under torch pipelining), the
+                                 gradients under torch pipelining, DDP's initial parameter
+                                 broadcast buffer), the
                                  optimizer step's temporaries where they exceed the freed
                                  activations, and an allowance for the caching allocator
 
@@ -34,6 +35,7 @@ from .sublayers import replicated_params, replicated_sublayers
 from .summary import ModelSummary
 
 ALLOCATOR_FRACTION = 0.10
+DDP_BROADCAST_BUCKET_BYTES = 250 * 2**20  # DistributedDataParallel.broadcast_bucket_size
 KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
@@ -92,6 +94,17 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
     return total
 
 
+def _held_from_setup(plan: Plan, dense_params: float, software: Software) -> float:
+    """Buffers left from wrapping the model, held beside everything else through the first steps:
+    DDP's broadcast of the parameters packs them into flat buffers of up to 250 MiB
+    (``_sync_module_states``), and gloo was seen to free the last one only after the first step."""
+    mesh = plan.mesh
+    if not (software.ddp_init_broadcast and plan.zero_stage <= 1 and mesh.dp * mesh.cp > 1
+            and mesh.tp == mesh.pp == mesh.ep == 1):
+        return 0.0
+    return min(dense_params * STATE_BYTES[plan.dtype][0], DDP_BROADCAST_BUCKET_BYTES)
+
+
 def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
                 software: Software = DEFAULT) -> dict[str, float]:
     """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
@@ -106,6 +119,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
     optimizer_temp = states["optimizer"] / STATE_BYTES[plan.dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
+    buffers += _held_from_setup(plan, params.dense, software)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)
     return {**states, "activations": activations, "buffers": buffers}
 

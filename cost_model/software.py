@@ -62,6 +62,10 @@ Fields:
   micro-batches run under ``no_sync()`` accumulate in ``param.grad`` outside DDP's all-reduce buckets,
   so the buckets are a second copy of them (with one micro-batch, ``gradient_as_bucket_view=True``
   makes the gradients views into the buckets: one copy).
+* ``ddp_init_broadcast``: PyTorch DDP broadcasts rank 0's parameters when it wraps the model, packed
+  into flat buffers of up to 250 MiB (``_sync_module_states``); on gloo the last buffer was seen
+  still allocated during the first steps (``bench/cpu_memory.py``: 21 MB on one rank, the plan's
+  whole parameters), so the footprint keeps one.
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
   ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
   each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
@@ -101,6 +105,7 @@ class Software:
     dtensor_tp_styles: bool = False
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
+    ddp_init_broadcast: bool = False
     fsdp_under_pipeline: bool = False
     overlap_slowdown: float = 0.189
 
@@ -119,7 +124,8 @@ class Software:
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
-                   dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True)
+                   dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
+                   ddp_init_broadcast=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout

@@ -134,12 +134,31 @@ def test_every_fsdp_unit_pays_the_collective_latency(make_graph, make_plan, make
 
 
 def test_meshplan_zero1_moves_three_psi_megatron_two(make_graph, make_plan, make_gpt) -> None:
+    """Megatron: reduce-scatter + all-gather, 2 Psi (n-1)/n. torch: DDP's all-reduce, the same 2 Psi
+    (n-1)/n, then ZeroRedundancyOptimizer broadcasts every parameter from its owner: Psi more."""
+    from meshplan.cost_model.summary import summary_of
+
     cfg = make_gpt(8, 1024, 8)
     cluster = Cluster.preset("h100-sxm", nodes=1)
     plan = make_plan(cfg, cluster, global_batch=8, seq_len=512, dp=8, zero=1)
-    ours = estimate(make_graph(cfg), cluster, plan).comm_bytes["dp"]
-    megatron = estimate(make_graph(cfg), cluster, plan, software=MEGATRON).comm_bytes["dp"]
-    assert ours == pytest.approx(1.5 * megatron)
+    graph = make_graph(cfg)
+    ours = estimate(graph, cluster, plan).comm_bytes["dp"]
+    megatron = estimate(graph, cluster, plan, software=MEGATRON).comm_bytes["dp"]
+    psi_bytes = summary_of(graph).total_params * 2  # bf16 parameters
+    assert megatron == pytest.approx(2 * psi_bytes * 7 / 8)
+    assert ours == pytest.approx(megatron + psi_bytes)
+
+
+def test_torch_zero1_broadcasts_each_parameter_tensor(make_graph, make_plan, make_gpt) -> None:
+    """One broadcast call per parameter tensor (no bucket view): each call pays the latency."""
+    from meshplan.cost_model.data_parallel import RankParams, data_parallel_cost
+
+    cluster = Cluster.preset("h100-sxm", nodes=1)
+    one, many = (RankParams(dense=1e8, expert=0.0, bucket=1e7, units=9, tensors=n) for n in (1, 101))
+    cost = [data_parallel_cost(p, cluster=cluster, mesh=ir.Mesh(dp=8), zero_stage=1, dtype="bfloat16",
+                               microbatches=1, fwd_window_s=0.0, bwd_window_s=0.0) for p in (one, many)]
+    latency = collective_time("broadcast", 1.0, 8, 1, cluster)
+    assert cost[1].per_step_s - cost[0].per_step_s == pytest.approx(100 * latency, rel=1e-6)
 
 
 def _dp_cost(software: Software, *, zero: int, window_s: float, microbatches: int = 1):
@@ -219,3 +238,25 @@ def test_cpu_collectives_each_wait_for_the_last_rank() -> None:
                                microbatches=1, fwd_window_s=0.0, bwd_window_s=0.0) for c in (cluster, slow)]
     # ZeRO-3: gather forward, gather backward, reduce-scatter, one call per FSDP unit each
     assert cost[1].per_microbatch_s - cost[0].per_microbatch_s == pytest.approx(3 * 5 * 1e-3)
+
+
+def test_torch_ddp_keeps_its_initial_broadcast_buffer(make_graph, make_plan, make_gpt) -> None:
+    """PyTorch DDP's parameter broadcast at wrap time: one flat buffer of the parameters up to 250 MiB,
+    counted in the buffers of DDP plans only (ZeRO-2/3 are FSDP2, Megatron has its own DDP)."""
+    from meshplan.cost_model.footprint import DDP_BROADCAST_BUCKET_BYTES
+    from meshplan.cost_model.summary import summary_of
+
+    cfg = make_gpt(2, 256, 8, vocab=4096, seq=128)
+    graph = make_graph(cfg)
+    cluster = Cluster.preset("h100-sxm", nodes=1)
+    plan = make_plan(cfg, cluster, global_batch=8, seq_len=128, dp=8)
+    without = dataclasses.replace(DEFAULT_SOFTWARE, ddp_init_broadcast=False)
+    params = summary_of(graph).total_params
+    grew = (estimate(graph, cluster, plan).memory_bytes["buffers"]
+            - estimate(graph, cluster, plan, software=without).memory_bytes["buffers"])
+    allowance = 1.10  # footprint.ALLOCATOR_FRACTION on top
+    assert grew == pytest.approx(params * 2 * allowance, rel=0.01)  # bf16 parameters
+    zero3 = make_plan(cfg, cluster, global_batch=8, seq_len=128, dp=8, zero=3)
+    assert (estimate(graph, cluster, zero3).memory_bytes["buffers"]
+            == estimate(graph, cluster, zero3, software=without).memory_bytes["buffers"])
+    assert DDP_BROADCAST_BUCKET_BYTES == 250 * 2**20
