@@ -230,20 +230,9 @@ def _op_overhead(device: torch.device) -> dict[str, float]:
 
 def count_dispatches(fn: Callable[[], Any]) -> tuple[int, int]:
     """(plain, DTensor) aten ops that one call of ``fn`` dispatches, forward and backward: what a
-    ``TorchDispatchMode`` sees (an op on DTensors counts once, not its local op)."""
-    from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    counts = [0, 0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            counts[any(issubclass(t, DTensor) for t in types)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return counts[0], counts[1]
+    ``TorchDispatchMode`` sees (an op on DTensors counts once, not its local op; a collective is plain)."""
+    ops = count_ops(fn)
+    return ops["plain"] + ops["collectives"], ops["dtensor"]
 
 
 TRANSCENDENTAL_SHAPE = (2048, 1024)  # 8 MiB in fp32: past the caches, as a layer's FFN activation is
@@ -365,7 +354,7 @@ def _collectives(world: int, device: torch.device) -> list[dict[str, Any]]:
 
 
 SYNC_BYTES = 16 << 10  # small: the call's wait, not its bandwidth, is what this measures
-SYNC_TIMING_S = 0.2  # each timing spans ~20 calls: the wait varies from call to call
+SYNC_TIMING_S = 0.5  # each timing spans ~50 calls: the wait varies from call to call (0.2 s: 0.9-2.1 ms between runs)
 
 
 def _sync_after_compute(world: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
