@@ -17,13 +17,17 @@ plans on 4 gloo processes.
    DTensor's per-Linear styles with the loss on gathered logits). Besides FLOPs and bytes the CPU
    model charges what the profile measured per unit of the program's structure: each eager op
    dispatched, plain or on DTensors (``cost_model/dispatch.py``), GELU, log-softmax and Adam's square
-   root per element, fresh pages of tensors of 32 MiB or more, and the wait of each TP collective.
+   root per element, fresh pages of tensors of 32 MiB or more, the wait of each collective call,
+   FSDP2's cost per unit and pass, and a DTensor parallel style's per module (``runtime/calibrate.py``
+   times each against a twin that makes the same collective calls by hand).
 3. Print predicted against measured per plan, the mean absolute percentage error (target < 15%) and
    Kendall's tau between the two rankings (target >= 0.8); and the same in CPU time: the prediction
    over the profile's contention (``cost_model/profile.py``: a CPU profile's compute and collectives are
    CPU times scaled by it) against the CPU time of the busiest rank's process in the step. Load from
    other work on the machine stretches wall times between the calibration and the plans' steps; it
    stretches CPU times much less, so the second comparison shows the model's error without that noise.
+   The ``main`` column is the busiest rank's main thread alone (the rest of its process CPU is gloo's
+   threads copying and reducing).
 
 Plans the runtime refuses (``codegen.lower.check_supported``) are listed as skipped. A benchmark,
 not a test: it prints and asserts nothing.
@@ -170,7 +174,9 @@ def measured_costs(cluster) -> str:
     accel = cluster.accelerator
     rates = ", ".join(f"{op} {s * 1e9:.2f}" for op, s in accel.transcendental_s_per_elem)
     return (f"per dispatched op: plain {accel.dispatch_s * 1e6:.1f} us, DTensor {accel.dtensor_dispatch_s * 1e6:.1f} us; "
-            f"wait per TP collective {accel.sync_overhead_s * 1e3:.2f} ms; fresh pages "
+            f"wait per TP collective {accel.sync_overhead_s * 1e3:.2f} ms; per FSDP unit and pass "
+            f"{accel.fsdp_unit_s * 1e3:.2f} ms; per TP style {accel.tp_style_fwd_s * 1e3:.2f} ms forward, "
+            f"{accel.tp_style_bwd_s * 1e3:.2f} ms backward; fresh pages "
             f"{accel.first_touch_s_per_byte * 2**20 * 1e6:.0f} us/MiB; ns per element: {rates or 'not measured'}")
 
 
