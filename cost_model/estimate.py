@@ -14,7 +14,8 @@ ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
          + the loss all-reduce                over dp x cp (and pp), for the step's mean loss
          + optimizer step                     data_parallel.optimizer_step_s, reported in "compute",
                                               plus its eager ops' dispatch (dispatch.py) and its
-                                              square roots at their measured rate (0 on GPUs)
+                                              square roots at their measured rate (0 on GPUs), and
+                                              the m - 1 passes that add micro-batches' gradients
 
 ``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. When CPU ranks
 oversubscribe the cores (``Accelerator.shared_by`` > 1), a pipeline rank that waits lends its core
@@ -37,7 +38,7 @@ from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction
 from .collectives import collective_time
 from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankParams, data_parallel_cost,
-                            optimizer_step_s, rank_params)
+                            optimizer_step_s, rank_params, runs_fsdp)
 from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles,
                        single_tensor_adamw_excess_s)
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
@@ -126,6 +127,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     shard = _optimizer_shard_params(params, plan)
     opt += transcendental_excess_s(cluster.accelerator, "sqrt", shard, 2 * 4 * shard)  # fp32 r + w
     opt += single_tensor_adamw_excess_s(cluster, shard, OPTIMIZER_BYTES_PER_PARAM)  # one pass per op (CPUs)
+    opt += _accumulation_s(params, cluster, plan, software)
     partial = partial_grad_allreduces(summary.dims, layers=n, last=layers.last, tp=plan.mesh.tp,
                                       sp=plan.sequence_parallel) if runs_dtensor_styles(software) else 0
     if partial:  # SP norms' Partial gradients, all-reduced by each AdamW op that reads them (dispatch.py)
@@ -135,6 +137,20 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     return RankTime(compute_s=fwd + bwd + dp.compute_per_microbatch_s, comm_s=comm + dp.per_microbatch_s,
                     optimizer_s=opt + dp.compute_per_step_s, dp=dp,
                     tp_cp_ep_bytes=moved)
+
+
+def _accumulation_s(params: RankParams, cluster: Cluster, plan: Plan, software: Software) -> float:
+    """Seconds of adding each micro-batch's weight gradients after the first to the accumulated ones
+    (``Software.grad_accumulation_add``): read both, write one. FSDP2 adds reduce-scattered shards,
+    except under torch pipelining, where the gradients stay unsharded until after the schedule."""
+    if not software.grad_accumulation_add or plan.num_microbatches <= 1:
+        return 0.0
+    fsdp = runs_fsdp(plan.mesh, plan.zero_stage, software)
+    sharded = plan.zero_stage >= 2 and not (fsdp and plan.mesh.pp > 1 and software.fsdp_under_pipeline)
+    count = _optimizer_shard_params(params, plan) if sharded else params.dense + params.expert
+    grad_b = STATE_BYTES[plan.dtype][1]
+    accel = cluster.accelerator
+    return (plan.num_microbatches - 1) * 3 * grad_b * count / (accel.memory_bw_Bps * accel.memory_efficiency)
 
 
 def _optimizer_shard_params(params: RankParams, plan: Plan) -> float:

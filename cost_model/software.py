@@ -66,6 +66,10 @@ Fields:
   into flat buffers of up to 250 MiB (``_sync_module_states``); on gloo the last buffer was seen
   still allocated during the first steps (``bench/cpu_memory.py``: 21 MB on one rank, the plan's
   whole parameters), so the footprint keeps one.
+* ``grad_accumulation_add``: every micro-batch after the first adds its weight gradients to those
+  accumulated so far, a memory-bound pass over them (autograd's ``AccumulateGrad``; FSDP2 adds the
+  reduce-scattered shard, or under torch pipelining the unsharded gradients); Megatron's gradient
+  accumulation fusion writes them from the weight-gradient GEMM instead, at no extra pass.
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
   ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
   each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
@@ -106,6 +110,7 @@ class Software:
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
     ddp_init_broadcast: bool = False
+    grad_accumulation_add: bool = False
     fsdp_under_pipeline: bool = False
     overlap_slowdown: float = 0.189
 
@@ -125,7 +130,7 @@ class Software:
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
-                   ddp_init_broadcast=True)
+                   ddp_init_broadcast=True, grad_accumulation_add=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout

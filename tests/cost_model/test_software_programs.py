@@ -260,3 +260,20 @@ def test_torch_ddp_keeps_its_initial_broadcast_buffer(make_graph, make_plan, mak
     assert (estimate(graph, cluster, zero3).memory_bytes["buffers"]
             == estimate(graph, cluster, zero3, software=without).memory_bytes["buffers"])
     assert DDP_BROADCAST_BUCKET_BYTES == 250 * 2**20
+
+
+@pytest.mark.parametrize("zero, share", [(0, 1.0), (2, 1 / 8)])
+def test_each_later_micro_batch_adds_its_gradients_in_one_pass(make_graph, make_plan, make_gpt, zero, share) -> None:
+    """m micro-batches: m - 1 passes that read the accumulated and the new gradients and write the sum
+    (DDP: all of them; FSDP2's ZeRO-2: the reduce-scattered shard, 1/dp)."""
+    from meshplan.cost_model.summary import summary_of
+
+    cfg = make_gpt(2, 256, 8, vocab=4096, seq=128)
+    graph = make_graph(cfg)
+    cluster = Cluster.preset("h100-sxm", nodes=1)
+    plan = make_plan(cfg, cluster, global_batch=32, seq_len=128, dp=8, zero=zero)  # 4 micro-batches of 1
+    without = dataclasses.replace(DEFAULT_SOFTWARE, grad_accumulation_add=False)
+    extra = estimate(graph, cluster, plan).time_s["compute"] - estimate(graph, cluster, plan, software=without).time_s["compute"]
+    accel = cluster.accelerator
+    expect = 3 * 3 * 2 * summary_of(graph).total_params * share / (accel.memory_bw_Bps * accel.memory_efficiency)
+    assert extra == pytest.approx(expect, rel=1e-6)
