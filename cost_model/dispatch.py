@@ -50,8 +50,9 @@ Each module given a DTensor parallel style (a TP Linear, the vocab-parallel embe
 SP) also pays the style's own cost beyond its ops and collectives: ``from_local`` and ``to_local``,
 redistributing its input or output, wrapping the functional collectives' results for autograd
 (``Accelerator.tp_style_fwd_s``/``tp_style_bwd_s``; ``meshplan calibrate`` times a tiny
-ColwiseParallel + RowwiseParallel MLP and subtracts what its ops and calls are charged). On the
-2-core machine here it was ~0.1-0.3 ms per module and pass, several times the module's ops.
+ColwiseParallel + RowwiseParallel MLP against the same matmuls with the same all-reduces by hand,
+each less its ops' dispatch). With 4 ranks on the 2 cores here it was 0.4-0.9 ms forward and
+0.6-1.0 ms backward per module (contended), several times the module's ops' dispatch.
 
 Collectives the program's structure adds under TP, also counted here: without SP each
 column-parallel Linear all-reduces its own input gradient (``SEPARATE_INPUT_GRADS``;

@@ -140,15 +140,15 @@ def cluster_from_profile(path: str | Path | dict[str, Any], *, expect_kind: str 
     tier = tier_from_profile(data, where, processes)
     spec = data.get("spec") or (str(path) if not isinstance(path, dict) else f"profile:1x{processes}")
     cluster = Cluster(accelerator=accel, nodes=1, gpus_per_node=processes, tiers=(tier,), name="profile", spec=spec)
-    if "sync_after_compute" not in data:  # optional: profiles written before it lack it
-        return cluster
-    sync = _field(data, "sync_after_compute", dict, where)
-    at = f"{where}: sync_after_compute"
-    size, nbytes, compute_s, both_s = (_positive(sync, k, at) for k in ("group_size", "bytes", "compute_s", "seconds"))
-    _group_size(size, processes, at)
-    alone = collective_time(Collective.ALL_REDUCE, nbytes, int(size), 1, cluster)
-    extra = max(0.0, both_s - compute_s - alone)
-    cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
+    if "sync_after_compute" in data:  # optional: profiles written before it lack it
+        sync = _field(data, "sync_after_compute", dict, where)
+        at = f"{where}: sync_after_compute"
+        size, nbytes, compute_s, both_s = (_positive(sync, k, at)
+                                           for k in ("group_size", "bytes", "compute_s", "seconds"))
+        _group_size(size, processes, at)
+        alone = collective_time(Collective.ALL_REDUCE, nbytes, int(size), 1, cluster)
+        extra = max(0.0, both_s - compute_s - alone)
+        cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(accel, sync_overhead_s=extra))
     if "fsdp" in data:  # optional: profiles written before them lack these
         cluster = dataclasses.replace(cluster, accelerator=dataclasses.replace(
             cluster.accelerator, fsdp_unit_s=_fsdp_unit_s(data, where)))

@@ -227,9 +227,9 @@ def test_sync_after_compute_is_the_excess_over_compute_and_the_fitted_all_reduce
 
 
 def _framework_rows(data: dict) -> dict:
-    """``sync_after_compute`` (which the framework rows need) plus the FSDP and TP-style rows: FSDP
-    units cost 1 ms each pass beyond their bare calls; a styled Linear 0.3 ms forward and 0.5 ms
-    backward beyond its ops, which cost 10 us (DTensor) and 2 us (plain) each."""
+    """The FSDP and TP-style rows beside a ``sync_after_compute`` of no excess: FSDP units cost 1 ms
+    each pass beyond their bare calls; a styled Linear 0.3 ms forward and 0.5 ms backward beyond its
+    ops, which cost 10 us (DTensor) and 2 us (plain) each."""
     call_s, bus = TRUE[("all-reduce", 4)]
     alone = call_s + bus_bytes("all-reduce", 4 << 20, 4) / bus
     data["sync_after_compute"] = {"group_size": 4, "bytes": 4 << 20, "compute_s": 5e-3, "seconds": 5e-3 + alone}
