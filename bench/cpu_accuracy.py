@@ -114,8 +114,9 @@ def _worker(rank: int, world: int, port: int, plans_json: str, steps: int, first
 
 
 def measure(plans: list[tuple[str, object]], nproc: int, steps: int, rounds: int, calibrate: bool) -> dict:
-    """{"plans": label -> {"seconds", "cpu_seconds", "all", "all_cpu"} or {"skipped"}, "profile": this
-    machine's (the median over the rounds' calibrations), or None without ``calibrate``}.
+    """{"plans": label -> {"seconds", "cpu_seconds", "main_seconds", "all", "all_cpu", "all_main"} or
+    {"skipped"}, "profile": this machine's (the median over the rounds' calibrations), or None without
+    ``calibrate``}.
 
     In rounds, each in process groups of its own: a calibration (``runtime.calibrate``), then every
     plan. The calibration and the plans do not share processes: run in the same ones, what the
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--profile", help="a profile measured on this machine (default: calibrate now)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per plan and round")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over all plans (after one warm-up step each)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of a calibration and all plans (each plan built afresh, after two warm-up steps)")
     args = ap.parse_args(argv)
     if args.nproc != 4:
         raise SystemExit("the plans here are for 4 processes; run with --nproc 4")

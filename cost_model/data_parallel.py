@@ -183,8 +183,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
         replica_ar = (("all-reduce", grad_b, "reduce", 1.0, "units"),)
         groups.append((params.dense / shard, replicas // shard, mesh.tp * shard, replica_ar))
     regather = recomputed_share if zero_stage == 3 and software.zero3_regather_recompute else 0.0
-    pipelined = mesh.pp > 1 and software.fsdp_under_pipeline and (zero_stage >= 2 or (
-        zero_stage == 0 and software.fsdp_plain_dp))
+    pipelined = fsdp_under_pipeline(mesh, zero_stage, software)
     time_of = flat_collective_time if zero_stage == 3 and software.zero3_flat else collective_time
     # gathers FSDP issues ahead of the layer: all of it, or DeepSpeed's prefetch bucket's share
     ahead = 1.0 if software.zero3_prefetch_params is None else min(1.0, software.zero3_prefetch_params / params.bucket)
@@ -244,12 +243,24 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
 
 
 def runs_fsdp(mesh: Mesh, zero_stage: int, software: Software) -> bool:
-    """Whether the program runs the data parallelism with FSDP2 (``Software.zero_copy_buffers``): ZeRO-2/3,
-    and with ``fsdp_plain_dp`` plain DP beside TP, PP or EP (HSDP with a shard group of one); DDP
-    otherwise (and ZeRO-1, which the runtime has only without TP, PP and EP)."""
-    if not software.zero_copy_buffers or mesh.dp * mesh.cp <= 1:
+    """Whether the program runs the data parallelism with FSDP2: ZeRO-2/3 where it copies through flat
+    buffers (``Software.zero_copy_buffers``), and with ``fsdp_plain_dp`` plain DP beside TP, PP or EP
+    (HSDP with a shard group of one); otherwise DDP (``runs_ddp``) or another program's ZeRO."""
+    if mesh.dp * mesh.cp <= 1:
         return False
-    return zero_stage >= 2 or (software.fsdp_plain_dp and zero_stage <= 1 and max(mesh.tp, mesh.pp, mesh.ep) > 1)
+    if zero_stage >= 2:
+        return software.zero_copy_buffers
+    return software.fsdp_plain_dp and max(mesh.tp, mesh.pp, mesh.ep) > 1
+
+
+def runs_ddp(mesh: Mesh, zero_stage: int) -> bool:
+    """Whether plain DP (or ZeRO-1 on top of it) is PyTorch DDP: no TP, PP or EP beside it."""
+    return zero_stage <= 1 and mesh.dp * mesh.cp > 1 and mesh.tp == mesh.pp == mesh.ep == 1
+
+
+def fsdp_under_pipeline(mesh: Mesh, zero_stage: int, software: Software) -> bool:
+    """Whether FSDP2 runs inside ``torch.distributed.pipelining`` stages (``_pipelined_ops``)."""
+    return mesh.pp > 1 and software.fsdp_under_pipeline and runs_fsdp(mesh, zero_stage, software)
 
 
 def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_stage: int,

@@ -38,7 +38,7 @@ from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction
 from .collectives import collective_time
 from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankParams, data_parallel_cost,
-                            optimizer_step_s, rank_params, runs_fsdp)
+                            fsdp_under_pipeline, optimizer_step_s, rank_params)
 from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles,
                        single_tensor_adamw_excess_s)
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
@@ -145,8 +145,7 @@ def _accumulation_s(params: RankParams, cluster: Cluster, plan: Plan, software: 
     except under torch pipelining, where the gradients stay unsharded until after the schedule."""
     if not software.grad_accumulation_add or plan.num_microbatches <= 1:
         return 0.0
-    fsdp = runs_fsdp(plan.mesh, plan.zero_stage, software)
-    sharded = plan.zero_stage >= 2 and not (fsdp and plan.mesh.pp > 1 and software.fsdp_under_pipeline)
+    sharded = plan.zero_stage >= 2 and not fsdp_under_pipeline(plan.mesh, plan.zero_stage, software)
     count = _optimizer_shard_params(params, plan) if sharded else params.dense + params.expert
     grad_b = STATE_BYTES[plan.dtype][1]
     accel = cluster.accelerator

@@ -26,7 +26,7 @@ allowance, not a measurement). Foreach Adam allocates a temporary the size of it
 from __future__ import annotations
 
 from ..ir.plan import Plan, Schedule
-from .data_parallel import rank_params
+from .data_parallel import rank_params, runs_ddp, runs_fsdp
 from .flops import kv_width
 from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
 from .pipeline import RankLayers, inflight_microbatches
@@ -85,11 +85,9 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         total += bucket_params * (2 * param_b + grad_b)  # current + prefetched layer, unsharded grads
     elif plan.zero_stage == 2:
         total += bucket_params * grad_b
-    elif (plan.zero_stage == 0 and software.fsdp_plain_dp and mesh.dp * mesh.cp > 1
-          and (mesh.tp > 1 or mesh.pp > 1 or mesh.ep > 1)):
+    elif plan.zero_stage == 0 and runs_fsdp(mesh, 0, software):
         total += dense_params * param_b + bucket_params * grad_b  # FSDP2's unsharded copy, held fwd -> bwd
-    elif (plan.zero_stage <= 1 and software.ddp_accumulation_copy and plan.num_microbatches > 1
-          and mesh.dp * mesh.cp > 1 and mesh.tp == mesh.pp == mesh.ep == 1):
+    elif software.ddp_accumulation_copy and plan.num_microbatches > 1 and runs_ddp(mesh, plan.zero_stage):
         total += dense_params * grad_b  # DDP's buckets beside the gradients accumulated under no_sync
     return total
 
@@ -98,9 +96,7 @@ def _held_from_setup(plan: Plan, dense_params: float, software: Software) -> flo
     """Buffers left from wrapping the model, held beside everything else through the first steps:
     DDP's broadcast of the parameters packs them into flat buffers of up to 250 MiB
     (``_sync_module_states``), and gloo was seen to free the last one only after the first step."""
-    mesh = plan.mesh
-    if not (software.ddp_init_broadcast and plan.zero_stage <= 1 and mesh.dp * mesh.cp > 1
-            and mesh.tp == mesh.pp == mesh.ep == 1):
+    if not (software.ddp_init_broadcast and runs_ddp(plan.mesh, plan.zero_stage)):
         return 0.0
     return min(dense_params * STATE_BYTES[plan.dtype][0], DDP_BROADCAST_BUCKET_BYTES)
 

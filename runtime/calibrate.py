@@ -31,12 +31,13 @@ time of its thread:
 * a matmul followed by a small all-reduce over the world as DTensor issues it, alone and together
   (what a collective call costs after compute, beyond its time among ranks that enter it at once:
   on shared cores, the wait for the rank the scheduler ran last);
-* a tiny MLP split over the world with DTensor's ColwiseParallel and RowwiseParallel, forward alone
-  and with its backward, and the ops and collective calls it makes: a parallel style's cost per
-  Linear beyond them;
-* a forward and backward through tiny layers each sharded by FSDP2 over the world, and unsharded:
-  FSDP2's framework cost per unit and pass (its hooks and buffer bookkeeping), which on a CPU is
-  milliseconds, as much as a small layer's compute.
+* on the main thread, a tiny MLP split over the world with DTensor's ColwiseParallel and
+  RowwiseParallel, forward alone and with its backward, against the same local matmuls with the same
+  all-reduces by hand, and the ops each makes: a parallel style's cost per Linear beyond its ops;
+* on the main thread, a forward and backward through tiny units each sharded by FSDP2 over the
+  world, against the same units unsharded with the same collective calls issued bare: FSDP2's own
+  cost per unit and pass (its hooks and buffer bookkeeping), which on a CPU is milliseconds, as much
+  as a small layer's compute.
 
 Rank 0 writes the raw timings (schema ``meshplan.profile/1``) with the kind of machine they come
 from; ``cost_model.profile`` fits the cluster from them and refuses a profile of another kind.
