@@ -118,6 +118,13 @@ class Plan:
     param_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> placement per axis of AXES
     fusions: tuple[str, ...] = ()
     dtype: str = "bfloat16"
+    # where the model comes from, so that emit and run rebuild that very model: {"kind": "zoo", "name": ...},
+    # {"kind": "hf", "config": {...}}, {"kind": "builder", "target": "pkg.mod:fn", "kwargs": {...}} or
+    # {"kind": "module"} (a model only the caller holds: apply works, emit needs one of the others)
+    source: dict[str, Any] = field(default_factory=dict)
+    # the model's structure as the frontend found it (ir.structure.ModelStructure.to_dict): the block
+    # container, and the module path of each role (attention projections, MLP, norms, embedding, head)
+    structure: dict[str, Any] = field(default_factory=dict)
     prediction: Prediction | None = None
     solver: SolverInfo | None = None
 

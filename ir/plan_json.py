@@ -42,7 +42,8 @@ def plan_kwargs_from_dict(data: Any, *, where: str) -> dict[str, Any]:
     if missing:
         raise InvalidPlanError(f"{where}: missing field(s) {missing}")
     known = set(_REQUIRED) | set(_INT_FIELDS) | {"schema", "sequence_parallel", "schedule", "recompute", "stages",
-                                                 "param_layouts", "fusions", "dtype", "prediction", "solver"}
+                                                 "param_layouts", "fusions", "dtype", "prediction", "solver",
+                                                 "source", "structure"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InvalidPlanError(f"{where}: unknown field(s) {unknown}; expected only {sorted(known)}")
@@ -98,6 +99,11 @@ def plan_kwargs_from_dict(data: Any, *, where: str) -> dict[str, Any]:
         if not isinstance(data["fusions"], list) or not all(isinstance(f, str) for f in data["fusions"]):
             raise _fail(where, "fusions", "expected a list of strings")
         kw["fusions"] = tuple(data["fusions"])
+    for key in ("source", "structure"):
+        if key in data:
+            if not isinstance(data[key], dict):
+                raise _fail(where, key, f"expected an object, got {data[key]!r}")
+            kw[key] = dict(data[key])
     if data.get("prediction") is not None:
         kw["prediction"] = _prediction(data["prediction"], where, Prediction)
     if data.get("solver") is not None:
