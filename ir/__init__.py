@@ -3,12 +3,12 @@ from .errors import (InfeasibleError, InvalidClusterError, InvalidPlanError, Pla
                      UnsupportedModelError)
 from .graph import BATCH, DTYPE_BYTES, SEQ, Block, Graph, ModelDims, Node, OpKind, Param, TensorMeta, evaluate
 from .placement import Partial, Placement, Replicate, Shard, parse_placement, shard_sizes
-from . import report
+from . import limits, report
 from .plan import AXES, SCHEMA, Mesh, Plan, Prediction, Recompute, Schedule, SolverInfo
 
 __all__ = [
     "AXES", "BATCH", "DTYPE_BYTES", "SCHEMA", "SEQ", "Block", "Graph", "InfeasibleError", "InvalidClusterError",
     "InvalidPlanError", "Mesh", "ModelDims", "Node", "OpKind", "Param", "Partial", "Placement", "Plan", "PlanError",
     "Prediction", "Recompute", "Replicate", "Schedule", "Shard", "SolverInfo", "TensorMeta", "UnknownModelError",
-    "UnsupportedModelError", "evaluate", "parse_placement", "shard_sizes",
+    "UnsupportedModelError", "evaluate", "limits", "parse_placement", "shard_sizes",
 ]
