@@ -1,4 +1,5 @@
-"""Predict every published run of ``shared/data/reference_runs.csv`` with its published plan.
+"""Predict every published run of ``bench/data/reference_runs.csv`` with its published plan, in sample
+and leave-one-source-out.
 
     python bench/reference_runs.py [--csv FILE] [--breakdown]
 
@@ -15,23 +16,52 @@ never per row). The prediction is compared with the measurement the way the sour
   with F = 72*B*L*s*h^2*(1 + s/6h + v/12hL) (their eq. 7) and the 312 TF peak;
 * Megatron-Core H100 table: model TFLOP/s per GPU (eq. 7, which is Megatron's own count).
 
-The error is predicted over measured throughput, minus one; MAPE is the mean of its absolute value
-over every row that has a measurement and a plan. Rows without a published parallel layout are
-listed as skipped, with the reason. This is a benchmark, not a test: it prints and asserts nothing.
+The error is predicted over measured throughput, minus one (positive: the model is optimistic);
+MAPE is the mean of its absolute value over every row that has a measurement and a plan. Rows
+without a published parallel layout are listed as skipped, with the reason. This is a benchmark,
+not a test: it prints and asserts nothing.
+
+What was fitted to these rows, and the leave-one-source-out (LOSO) error
+------------------------------------------------------------------------
+A source is a publication (``publication``: the rows of one paper or one README, whatever table
+they come from). LOSO predicts each source's rows with constants chosen without looking at them.
+
+* No number of the shipped cost model was fitted to these rows by a procedure. The accelerator and
+  network numbers (``cost_model/presets/*.json``: peaks, ``matmul_efficiency`` from Bekman's MAMF
+  table, ``attention_efficiency`` from the FlashAttention papers, link rates), the bus efficiencies
+  (``hardware.BUS_EFFICIENCY``, from NCCL issues) and the overlap slowdown (``Software``, Lee et al.
+  2025) each cite a source outside this file, and none has changed since it was written. So the
+  shipped model's LOSO error is, numerically, its in-sample error; the table prints both to show it.
+* That is not out-of-sample accuracy. The software presets (``cost_model/software.py``: one per
+  source, which overlaps it runs, its attention kernel, DeepSpeed's flat ZeRO-3 collectives, ...)
+  were hand-written while these rows were visible, one per source (the commit that added them
+  moved this bench's MAPE from 46% to 8%); ``collectives.flat_collective_time`` names Narayanan's
+  Table 2 as its evidence. Such choices cannot be refitted without the source they were made for,
+  so no number here removes them: a source the presets were not written for is the honest test
+  (add its rows to the CSV, with the software it ran).
+* What can be refitted is a calibration a user would add: one efficiency factor per accelerator
+  that scales the predicted throughput, fitted by least squares on log(measured / predicted) (the
+  mean log-ratio) over the training rows; an accelerator without training rows takes the factor
+  of all training rows. In sample it is fitted on every row; under LOSO on the other sources only.
+  The LOSO columns show what such a fit is worth on a source it has not seen.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, estimate, software_named
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# the published runs and the accelerators, each row with its source (copied from the project's
+# shared notes so that a clone of the repository has them)
+DATA = Path(__file__).resolve().parent / "data"
 
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).
 SOFTWARE = {
@@ -46,6 +76,8 @@ SOFTWARE = {
 class Run:
     label: str
     source: str  # a key of SOFTWARE
+    publication: str  # the paper or README the row comes from (``publication``): the unit LOSO leaves out
+    hardware: str  # the preset the row runs on
     cfg: zoo.ModelConfig
     plan: ir.Plan
     cluster: Cluster
@@ -93,6 +125,15 @@ def _source(row: dict[str, str]) -> str:
     if src.startswith("Korthikanti"):
         return "korthikanti"
     return "mcore"
+
+
+def publication(source: str) -> str:
+    """The publication a ``source`` cell cites: its first word and arXiv id ("Narayanan arXiv:2104.04473"),
+    or its first two words where it has no arXiv id ("NVIDIA/Megatron-LM README"), so that the tables
+    of one paper, cited with different wording, are one source."""
+    words = source.replace('"', "").split()
+    arxiv = re.search(r"arXiv:\d{4}\.\d{4,5}", source)
+    return f"{words[0]} {arxiv.group(0)}" if arxiv else " ".join(words[:2])
 
 
 def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
@@ -153,8 +194,8 @@ def build_run(row: dict[str, str]) -> Run | str:
     else:
         return "no measurement"
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
-    return Run(label=label, source=source, cfg=cfg, plan=plan, cluster=cluster, unit=unit,
-               measured_tflops=measured, measured_step_s=step_s, assumed="; ".join(assumed))
+    return Run(label=label, source=source, publication=publication(row["source"]), hardware=preset, cfg=cfg,
+               plan=plan, cluster=cluster, unit=unit, measured_tflops=measured, measured_step_s=step_s, assumed="; ".join(assumed))
 
 
 def predicted_tflops(run: Run, step_s: float) -> float:
@@ -200,6 +241,83 @@ def mape(results: list[Result]) -> float:
     return sum(abs(r.error) for r in results) / len(results)
 
 
+def signed_error(results: list[Result]) -> float:
+    return sum(r.error for r in results) / len(results)
+
+
+def fit_factor(train: list[Result], hardware: str) -> tuple[float, str]:
+    """(factor on the predicted throughput, what it was fitted on): exp of the mean log(measured /
+    predicted) over the training rows on ``hardware`` (least squares on the log-ratio with one
+    constant), over all training rows where none ran on it, 1 where there are none."""
+    same = [r for r in train if r.run.hardware == hardware]
+    rows, basis = (same, hardware) if same else (train, "pooled")
+    if not rows:
+        return 1.0, "none"
+    return math.exp(sum(math.log(r.run.measured_tflops / r.predicted_tflops) for r in rows) / len(rows)), basis
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fitted:
+    """One row predicted with a factor fitted on ``train`` rows (``fit_factor``)."""
+
+    result: Result
+    factor: float
+    basis: str
+
+    @property
+    def error(self) -> float:
+        return self.result.predicted_tflops * self.factor / self.result.run.measured_tflops - 1
+
+
+def calibrated(results: list[Result], train_of: Callable[[Result], list[Result]]) -> list[Fitted]:
+    """Every row with the per-accelerator factor fitted on ``train_of(row)``."""
+    return [Fitted(result=r, **dict(zip(("factor", "basis"), fit_factor(train_of(r), r.run.hardware))))
+            for r in results]
+
+
+def in_sample(results: list[Result]) -> list[Fitted]:
+    return calibrated(results, lambda r: results)
+
+
+def leave_one_source_out(results: list[Result]) -> list[Fitted]:
+    """Each row with the factor fitted on the rows of the other publications only."""
+    return calibrated(results, lambda r: [o for o in results if o.run.publication != r.run.publication])
+
+
+def _stats(errors: list[float]) -> str:
+    """MAPE and mean signed error."""
+    return f"{sum(abs(e) for e in errors) / len(errors):6.1%} {sum(errors) / len(errors):+7.1%}"
+
+
+def _factor_text(fits: list[Fitted]) -> str:
+    """The LOSO factor of a group's rows, or "per row" where its rows were fitted on different rows."""
+    found = {(f.factor, f.basis) for f in fits}
+    if len(found) > 1:
+        return "per row"
+    factor, basis = found.pop()
+    return f"{factor:.3f} ({basis})"
+
+
+def loso_table(results: list[Result]) -> str:
+    """Per publication and per accelerator: the shipped model's MAPE and mean signed error (nothing in it
+    was fitted to these rows: its LOSO error is the same), then the per-accelerator factor's, fitted in
+    sample and leaving each row's publication out."""
+    fitted_in, fitted_out = in_sample(results), leave_one_source_out(results)
+    head = (f"{'group':<46} {'rows':>4} | {'shipped: MAPE  signed':>21} | {'factor in-sample: MAPE  signed':>30} | "
+            f"{'LOSO: factor (fit on)':>21}   MAPE  signed")
+    lines = [head, "-" * len(head)]
+    keys = (("publication", lambda r: r.run.publication), ("accelerator", lambda r: r.run.hardware),
+            ("", lambda r: "all rows"))
+    for title, key in keys:
+        for name in dict.fromkeys(key(r) for r in results):
+            idx = [i for i, r in enumerate(results) if key(r) == name]
+            label = f"{title}: {name}" if title else name
+            lines.append(f"{label[:46]:<46} {len(idx):4d} | {_stats([results[i].error for i in idx]):>21} | "
+                         f"{_stats([fitted_in[i].error for i in idx]):>30} | "
+                         f"{_factor_text([fitted_out[i] for i in idx]):>21} {_stats([fitted_out[i].error for i in idx])}")
+    return "\n".join(lines)
+
+
 def _line(res: Result) -> str:
     run, pred = res.run, res.prediction
     fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
@@ -226,12 +344,17 @@ def main(argv: list[str] | None = None) -> int:
             pred = res.prediction
             parts = ", ".join(f"{k} {v / pred.step_time_s:.1%}" for k, v in pred.time_s.items())
             print(f"{'':<46} step {pred.step_time_s:.3f} s: {parts}")
-    signed = sum(r.error for r in results) / len(results)
-    print(f"\nMAPE over {len(results)} rows: {mape(results):.1%}   (mean signed error {signed:+.1%})")
+    print(f"\nMAPE over {len(results)} rows: {mape(results):.1%}   (mean signed error {signed_error(results):+.1%}; "
+          "positive: predicted faster than measured)")
     for source in SOFTWARE:
         part = [r for r in results if r.run.source == source]
         if part:
-            print(f"  {source:<12} {len(part):3d} rows  MAPE {mape(part):6.1%}")
+            print(f"  {source:<21} {len(part):3d} rows  MAPE {mape(part):6.1%}  signed {signed_error(part):+6.1%}")
+    print("\nIn sample and leave-one-source-out (module docstring: nothing in the shipped model was fitted to these\n"
+          "rows by a procedure, so its LOSO error equals its in-sample one; its software presets were written while\n"
+          "they were visible, which no refit can undo. The factor columns fit one throughput factor per\n"
+          "accelerator by least squares on log(measured/predicted): on every row, then without the row's source.)")
+    print(loso_table(results))
     for line in skipped:
         print(f"skipped {line}")
     return 0

@@ -1,4 +1,4 @@
-"""Predictions for published runs (shared/data/reference_runs.csv), with the published setup.
+"""Predictions for published runs (bench/data/reference_runs.csv), with the published setup.
 
 Narayanan et al. 2021 count TFLOP/s with the recompute forward (hardware FLOPs, REFERENCE.md sec. 0),
 so they compare with ``hardware_tflops_per_gpu``. Nothing in the cost model is fitted to these
