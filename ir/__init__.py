@@ -5,10 +5,11 @@ from .graph import BATCH, DTYPE_BYTES, SEQ, Block, Graph, ModelDims, Node, OpKin
 from .placement import Partial, Placement, Replicate, Shard, parse_placement, shard_sizes
 from . import limits, report
 from .plan import AXES, SCHEMA, Mesh, Plan, Prediction, Recompute, Schedule, SolverInfo
+from .structure import ModelStructure
 
 __all__ = [
     "AXES", "BATCH", "DTYPE_BYTES", "SCHEMA", "SEQ", "Block", "Graph", "InfeasibleError", "InvalidClusterError",
-    "InvalidPlanError", "Mesh", "ModelDims", "Node", "OpKind", "Param", "Partial", "Placement", "Plan", "PlanError",
+    "InvalidPlanError", "Mesh", "ModelDims", "ModelStructure", "Node", "OpKind", "Param", "Partial", "Placement", "Plan", "PlanError",
     "Prediction", "Recompute", "Replicate", "Schedule", "Shard", "SolverInfo", "TensorMeta", "UnknownModelError",
     "UnsupportedModelError", "evaluate", "limits", "parse_placement", "shard_sizes",
 ]

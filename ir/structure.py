@@ -1,0 +1,119 @@
+"""``ModelStructure``: what the later stages know about a user's model, found by the frontend.
+
+The traced graph and the module tree say where the repeated blocks live and what each weight does;
+codegen and the runtime apply a plan by these module paths (FQNs) of the user's own model, never by
+a zoo's names. Paths inside a block are relative to the block (``self_attn.q_proj``); the others
+are relative to the model's root (``model.embed_tokens``). An empty path means "the model has none".
+
+    blocks        the container of the repeated blocks ("model.layers", "transformer.h", "layers")
+    num_blocks    how many blocks it holds
+    embed         the token embedding; ``pos_embed`` a learned position embedding, if any
+    final_norm    the norm after the last block; ``head`` the output projection, ``tied_head`` when it
+                  reads the embedding's table
+    attn          the attention module of a block; ``attn_norm`` the norm before it
+    q, k, v, o    the projections (``qkv`` instead of q/k/v when one matmul makes all three)
+    mlp           the MLP (or MoE) module of a block; ``mlp_norm`` the norm before it
+    mlp_in        its column-parallel linears (gate and up, or fc1); ``mlp_out`` the row-parallel one
+    experts       the routed experts (a MoE), ``router`` the gate that scores them
+    linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
+    head_dim      the attention head width (not always hidden / heads)
+    notes         what the frontend could not use, and why (the report shows them)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .errors import InvalidPlanError
+
+PATH = re.compile(r"^$|^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+LINEAR_KINDS = ("linear", "conv1d")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelStructure:
+    blocks: str = ""
+    num_blocks: int = 0
+    embed: str = ""
+    pos_embed: str = ""
+    final_norm: str = ""
+    head: str = ""
+    tied_head: bool = False
+    attn: str = ""
+    attn_norm: str = ""
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    qkv: str = ""
+    o: str = ""
+    mlp: str = ""
+    mlp_norm: str = ""
+    mlp_in: tuple[str, ...] = ()
+    mlp_out: str = ""
+    experts: str = ""
+    router: str = ""
+    linear_kind: str = "linear"
+    head_dim: int = 0
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mlp_in", tuple(self.mlp_in))
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("notes", "linear_kind"):
+                continue
+            paths = value if isinstance(value, tuple) else (value,) if isinstance(value, str) else ()
+            for path in paths:
+                if not isinstance(path, str) or not PATH.match(path):
+                    raise InvalidPlanError(f"structure.{f.name}: {path!r} is not a module path "
+                                           "(dotted identifiers or indices, e.g. 'model.layers')")
+        if self.linear_kind not in LINEAR_KINDS:
+            raise InvalidPlanError(f"structure.linear_kind: {self.linear_kind!r} is not one of {LINEAR_KINDS}")
+        for name in ("num_blocks", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidPlanError(f"structure.{name}: expected a non-negative integer, got {value!r}")
+        if self.num_blocks and not self.blocks:
+            raise InvalidPlanError(f"structure: num_blocks is {self.num_blocks} but blocks (the container) is empty")
+
+    @property
+    def attn_split(self) -> bool:
+        """Attention has separate q, k, v and o projections that tensor parallelism can split by heads."""
+        return bool(self.q and self.k and self.v and self.o)
+
+    @property
+    def mlp_split(self) -> bool:
+        """The MLP has column-parallel inputs and one row-parallel output (no experts)."""
+        return bool(self.mlp_in and self.mlp_out and not self.experts)
+
+    def block_path(self, index: int | str) -> str:
+        return f"{self.blocks}.{index}" if self.blocks else str(index)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["mlp_in"] = list(self.mlp_in)
+        data["notes"] = list(self.notes)
+        return {k: v for k, v in data.items() if v not in ("", (), [], 0, False) or k == "linear_kind"}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ModelStructure":
+        if not isinstance(data, dict):
+            raise InvalidPlanError(f"structure: expected an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
+        kw = dict(data)
+        for key in ("mlp_in", "notes"):
+            if key in kw:
+                if not isinstance(kw[key], (list, tuple)):
+                    raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")
+                kw[key] = tuple(kw[key])
+        for f in fields(cls):
+            if f.name in kw and f.type == "str" and not isinstance(kw[f.name], str):
+                raise InvalidPlanError(f"structure.{f.name}: expected a string, got {kw[f.name]!r}")
+            if f.name in kw and f.type == "bool" and not isinstance(kw[f.name], bool):
+                raise InvalidPlanError(f"structure.{f.name}: expected true or false, got {kw[f.name]!r}")
+        return cls(**kw)
