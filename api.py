@@ -27,19 +27,25 @@ class Plan(ir.Plan):
 
     def emit(self, path: str | Path, *, fuse: bool | None = None) -> Path:
         """Write a readable torchrun training script for this plan. With ``fuse`` the fusions the plan
-        records run as generated Triton kernels, written beside the script as ``<stem>_kernels.py``;
-        by default (None) exactly when the plan records fusions, as its prediction assumes."""
+        records run as generated Triton kernels, written beside the script as ``<stem>_kernels.py``
+        (the stem made an importable name: ``train-70b.py`` -> ``train_70b_kernels.py``); by default
+        (None) exactly when the plan records fusions, as its prediction assumes. Both sources are
+        generated and compiled before either file is written (``InvalidPlanError`` otherwise)."""
         from .codegen import emit_source, lower
         from .codegen.fused import kernels_source
+        from .codegen.safe import kernels_module_name
 
         fuse = bool(self.fusions) if fuse is None else fuse
         path = Path(path)
-        kernels_module = f"{path.stem}_kernels"
+        kernels_module = kernels_module_name(path.stem)
+        files = {}
         if fuse:
             source = kernels_source(lower(self, fuse=True))
             if source is not None:
-                path.with_name(f"{kernels_module}.py").write_text(source)
-        path.write_text(emit_source(self, fuse=fuse, kernels_module=kernels_module))
+                files[path.with_name(f"{kernels_module}.py")] = source
+        files[path] = emit_source(self, fuse=fuse, kernels_module=kernels_module)
+        for file, text in files.items():
+            file.write_text(text, encoding="utf-8")
         return path
 
     def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool | None = None) -> Any:

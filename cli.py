@@ -44,7 +44,7 @@ def _fixed(args: argparse.Namespace) -> dict:
 
 
 def _model(args: argparse.Namespace):
-    if args.model:
+    if args.model is not None:  # '' too: the zoo says it has no such model
         return args.model
     try:
         return json.loads(Path(args.model_config).read_text())
@@ -81,7 +81,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
     plan = load(args.plan)
     path = plan.emit(args.output, fuse=args.fuse)
     print(f"wrote {path}: run it with  torchrun --nproc-per-node {plan.world_size} {path} --steps 5")
-    kernels = path.with_name(f"{path.stem}_kernels.py")
+    from .codegen.safe import kernels_module_name
+
+    kernels = path.with_name(f"{kernels_module_name(path.stem)}.py")
     if kernels.exists() and (args.fuse or args.fuse is None and plan.fusions):
         print(f"wrote {kernels}: its fused Triton kernels (without a GPU, run with TRITON_INTERPRET=1)")
     return 0
@@ -229,12 +231,25 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 on success; 2 with one line on stderr for bad input (a ``PlanError``, or a file that cannot
+    be read or written), never a traceback."""
+    from .cli_flags import check_flags
+
     args = parser().parse_args(argv)
     try:
+        check_flags(args)  # sizes within ir/limits.py before any work starts
         return args.func(args)
     except ir.PlanError as exc:
-        print(f"meshplan: error: {exc}", file=sys.stderr)
+        print(f"meshplan: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"meshplan: error: {where}{exc.strerror or exc}; check the path and its permissions", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

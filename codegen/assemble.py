@@ -5,7 +5,7 @@ from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
                       ShardOptimizer, TensorParallel)
-from . import fused
+from . import fused, safe
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
@@ -78,8 +78,10 @@ def _wrap(items: list[str], pad: str, width: int = 100) -> list[str]:
 
 
 def config_code(config: dict) -> str:
-    """The model config as a dict literal, wrapped at 100 columns."""
-    items = [f'"{k}": ' + (f'"{v}"' if isinstance(v, str) else repr(v)) for k, v in config.items()]
+    """The model config as a dict literal, wrapped at 100 columns: keys and values are plan data, so
+    each prints as a Python literal (``safe.literal``), never inside hand-written quotes."""
+    items = [f"{safe.literal(k, 'a key of plan.model')}: {safe.literal(v, f'plan.model[{k!r}]')}"
+             for k, v in config.items()]
     return "{\n" + "\n".join(_wrap(items, INDENT)) + "\n}"
 
 
@@ -111,13 +113,16 @@ def _parallelize_function(lines: list[str]) -> str:
 def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType, *,
              kernels_module: str = "fused_kernels") -> str:
     """The whole script; ``parts`` is the ``codegen.script`` module of text templates."""
-    header = parts.HEADER.format(name=name, summary=program.plan_summary, world_size=program.mesh.world_size,
-                                 header="\n".join(program.header))
+    # the docstring carries plan text: escaped so that no quote, backslash or newline in it ends the docstring
+    header = parts.HEADER.format(name=safe.doc_text(name), summary=safe.doc_text(program.plan_summary),
+                                 world_size=safe.integer(program.mesh.world_size, "the mesh's world size"),
+                                 header="\n".join(safe.doc_text(line) for line in program.header))
     config = config_code(program.config)
-    text = [header, "\n".join(imports(program, kernels_module)), parts.CONSTANTS.format(
-        config=config, global_batch=program.global_batch, seq_len=program.seq_len, dp_size=program.dp_size,
-        num_microbatches=program.num_microbatches, micro_batch_size=program.micro_batch_size)]
-    save_ops = {op for s in program.steps if isinstance(s, Recompute) for op in s.save_ops}
+    numbers = {key: safe.integer(getattr(program, key), f"Program.{key}") for key in (
+        "global_batch", "seq_len", "dp_size", "num_microbatches", "micro_batch_size")}
+    text = [header, "\n".join(imports(program, kernels_module)), parts.CONSTANTS.format(config=config, **numbers)]
+    save_ops = {safe.op_name(op, "Recompute.save_ops entry") for s in program.steps if isinstance(s, Recompute)
+                for op in s.save_ops}
     if save_ops:
         text.append(parts.SELECTIVE.format(ops="\n".join(f"{INDENT}torch.ops.{op}," for op in sorted(save_ops))))
     text += fused.definitions(program)  # the fused subclasses FuseKernel steps swap in

@@ -30,6 +30,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from ..ir import InvalidPlanError, Plan
+from . import safe
 from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, Step
 
 DATA_AXIS = "dp_cp"  # the flattened dp x cp axis that data parallelism runs over under cp
@@ -82,12 +83,15 @@ def context_step(program: Program) -> ContextParallel | None:
 # ---- printing (codegen.emit.EMITTERS) ---------------------------------------------------------
 
 def flatten_mesh_lines(step: FlattenMesh, target: str) -> tuple[str, list[str]]:
-    axes = ", ".join(f'"{a}"' for a in step.axes)
-    return "mesh", [f'mesh[{axes}]._flatten("{step.name}")  # then mesh["{step.name}"] names those ranks']
+    axes = ", ".join(f'"{safe.name(a, "FlattenMesh.axes entry")}"' for a in step.axes)
+    name = safe.name(step.name, "FlattenMesh.name")
+    return "mesh", [f'mesh[{axes}]._flatten("{name}")  # then mesh["{name}"] names those ranks']
 
 
 def context_parallel_lines(step: ContextParallel, target: str) -> tuple[str, list[str]]:
-    return "parallelize", [f'context_parallel({target}, mesh["{step.mesh_axis}"], load_balance={step.load_balance})']
+    axis = safe.name(step.mesh_axis, "ContextParallel.mesh_axis")
+    balance = safe.boolean(step.load_balance, "ContextParallel.load_balance")
+    return "parallelize", [f'context_parallel({target}, mesh["{axis}"], load_balance={balance})']
 
 
 def comment(step: Step) -> str | None:
@@ -101,7 +105,7 @@ def comment(step: Step) -> str | None:
     if isinstance(step, ContextParallel) and step.module.endswith(ATTENTION):
         layout = ("chunks cp_rank and 2 * cp - 1 - cp_rank of 2 * cp (equal causal work per rank)"
                   if step.load_balance else "chunk cp_rank of cp")
-        return (f"# context parallelism over cp({step.cp_size}): of every sequence each rank holds\n# {layout};\n"
+        return (f"# context parallelism over cp({safe.integer(step.cp_size, 'ContextParallel.cp_size')}): of every sequence each rank holds\n# {layout};\n"
                 "# attention all-gathers K and V over cp (Llama 3, sec. 3.3.2) and masks by global position.\n"
                 "# (torch's context_parallel dispatches only CUDA attention kernels: meshplan.runtime.context has "
                 "this one)")
@@ -174,8 +178,9 @@ def script_parts(program: Program, parts: SimpleNamespace | ModuleType) -> Simpl
     out = SimpleNamespace(**{name: getattr(parts, name) for name in dir(parts) if name.isupper()})
     layout = ("chunks cp_rank and 2 * CP_SIZE - 1 - cp_rank of 2 * CP_SIZE: equal causal work per rank"
               if step.load_balance else "chunk cp_rank of CP_SIZE")
-    out.CONSTANTS = parts.CONSTANTS + CONSTANTS.format(cp_size=step.cp_size, load_balance=step.load_balance,
-                                                       layout=layout)
+    out.CONSTANTS = parts.CONSTANTS + CONSTANTS.format(
+        cp_size=safe.integer(step.cp_size, "ContextParallel.cp_size"),
+        load_balance=safe.boolean(step.load_balance, "ContextParallel.load_balance"), layout=layout)
     out.DATA = DATA
     loop = parts.LOOP
     for old, new in LOOP_CHANGES:

@@ -5,6 +5,10 @@ that applies the plan's steps top to bottom with public PyTorch calls (``paralle
 ``checkpoint_wrapper``, ``fully_shard``, ...), then a plain training loop on synthetic tokens.
 Steps that differ only in their layer index print once, as a loop over the layers.
 
+Plan values are data: names (module paths, mesh axes, ops) are checked against a strict pattern
+before they print as code, everything else prints as a Python literal, and the finished script is
+compiled before it is returned (``codegen.safe``).
+
 Each step kind has one emitter in ``EMITTERS``; it returns the section the lines go to
 (``mesh``, ``parallelize`` or ``optimizer``) and the lines. ``runtime.interpret.EXECUTORS`` is the
 same table for the in-process back end.
@@ -16,7 +20,7 @@ import re
 from typing import Callable
 
 from ..ir import Plan
-from . import context, expert, fused, hybrid, pipeline_emit, script
+from . import context, expert, fused, hybrid, pipeline_emit, safe, script
 from .assemble import assemble
 from .lower import lower
 from .program import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
@@ -29,6 +33,7 @@ _LAYER = re.compile(r"^layers\.(\d+)((?:\.[A-Za-z_]\w*)*)$")
 
 def layout_code(layout: str) -> str:
     """``"S(1)"`` -> ``"Shard(1)"``, ``"R"`` -> ``"Replicate()"``."""
+    safe.layout(layout, "a tensor-parallel style's layout")
     return "Replicate()" if layout == "R" else layout.replace("S(", "Shard(")
 
 
@@ -40,7 +45,7 @@ def tuple_code(items: list[str]) -> str:
 def module_expr(path: str, root: str = "model") -> str:
     """``"layers.{i}.attn"`` -> ``"model.layers[i].attn"``: numeric parts (and ``{i}``) index."""
     expr = root
-    for part in filter(None, path.split(".")):
+    for part in filter(None, safe.module_path(path, "a step's module path").split(".")):
         if part.isdigit() or part == "{i}":
             expr += f"[{part.strip('{}')}]"
         else:
@@ -49,17 +54,18 @@ def module_expr(path: str, root: str = "model") -> str:
 
 
 def _tp_lines(step: TensorParallel, target: str) -> tuple[str, list[str]]:
-    lines = [f'parallelize_module({target}, mesh["{step.mesh_axis}"], {{']
+    lines = [f'parallelize_module({target}, mesh["{safe.name(step.mesh_axis, "TensorParallel.mesh_axis")}"], {{']
     for path, style in step.plan:
         cls, kwargs = torch_call(style)
         args = []
         for key, value in kwargs:
             if isinstance(value, bool):
-                code = repr(value)
+                code = repr(safe.boolean(value, f"{cls}.{key}"))
             else:
                 code = tuple_code([layout_code(v) for v in value]) if isinstance(value, tuple) else layout_code(value)
             args.append(f"{key}={code}")
-        lines.append(f'{INDENT}"{path}": {cls}({", ".join(args)}),')
+        path = safe.module_path(path, "a submodule of a TensorParallel plan")
+        lines.append(f'{INDENT}{safe.string_literal(path)}: {safe.name(cls, "a tensor-parallel style")}({", ".join(args)}),')
     return "parallelize", lines + ["})"]
 
 
@@ -70,14 +76,15 @@ def _recompute_lines(step: Recompute, target: str) -> tuple[str, list[str]]:
 
 
 def _fully_shard_lines(step: FullyShard, target: str) -> tuple[str, list[str]]:
-    mesh = ", ".join(f'"{a}"' for a in step.mesh_axes)
+    mesh = ", ".join(f'"{safe.name(a, "FullyShard.mesh_axes entry")}"' for a in step.mesh_axes)
     var = "expert_mesh" if expert.on_expert_mesh(step.mesh_axes) else "mesh"
-    return "parallelize", [f"fully_shard({target}, mesh={var}[{mesh}], "
-                           f"reshard_after_forward={step.reshard_after_forward})"]
+    reshard = safe.boolean(step.reshard_after_forward, "FullyShard.reshard_after_forward")
+    return "parallelize", [f"fully_shard({target}, mesh={var}[{mesh}], reshard_after_forward={reshard})"]
 
 
 def _ddp_lines(step: DataParallel, target: str) -> tuple[str, list[str]]:
-    return "parallelize", [f'{target} = DistributedDataParallel({target}, process_group=mesh["{step.mesh_axis}"]'
+    axis = safe.name(step.mesh_axis, "DataParallel.mesh_axis")
+    return "parallelize", [f'{target} = DistributedDataParallel({target}, process_group=mesh["{axis}"]'
                            ".get_group(), gradient_as_bucket_view=True)  # gradients live in the buckets"]
 
 
@@ -86,12 +93,12 @@ def _shard_optimizer_lines(step: ShardOptimizer, target: str) -> tuple[str, list
         "# ZeRO-1: each dp rank keeps the AdamW state of its share of the parameters",
         "optimizer = ZeroRedundancyOptimizer(",
         f'{INDENT}model.parameters(), optimizer_class=torch.optim.AdamW, '
-        f'process_group=mesh["{step.mesh_axis}"].get_group(), lr=args.lr)']
+        f'process_group=mesh["{safe.name(step.mesh_axis, "ShardOptimizer.mesh_axis")}"].get_group(), lr=args.lr)']
 
 
 def _mesh_lines(step: BuildMesh, target: str) -> tuple[str, list[str]]:
-    sizes = tuple_code([str(n) for _, n in step.dims])
-    names = tuple_code([f'"{a}"' for a, _ in step.dims])
+    sizes = tuple_code([str(safe.integer(n, f"BuildMesh size of {a!r}")) for a, n in step.dims])
+    names = tuple_code([f'"{safe.name(a, "BuildMesh axis")}"' for a, _ in step.dims])
     return "mesh", [f"mesh = init_device_mesh(device.type, {sizes}, mesh_dim_names={names})"]
 
 
@@ -162,7 +169,7 @@ def _loop_header(indices: tuple[int, ...]) -> str:
     contiguous = indices == tuple(range(indices[0], indices[-1] + 1))
     if contiguous:
         return f"for i in range({indices[0]}, {indices[-1] + 1}):" if indices[0] else f"for i in range({len(indices)}):"
-    return f"for i in {indices}:"
+    return f"for i in {tuple(safe.integer(i, 'a layer index') for i in indices)}:"
 
 
 def render_sections(program: Program) -> dict[str, list[str]]:
@@ -194,9 +201,10 @@ def emit_source(plan: Plan | Program, *, name: str | None = None, fuse: bool = F
     program = plan if isinstance(plan, Program) else lower(plan, fuse=fuse)
     if name is None:
         config = program.config
-        name = config.get("name") or f"a {config.get('family')} model"
+        name = safe.shown(config["name"]) if config.get("name") else f"a {safe.shown(config.get('family'))} model"
     sections = render_sections(program)
     parts = pipeline_emit.script_parts(program, sections["pipeline"]) if sections["pipeline"] else script
     parts = context.script_parts(program, parts)  # this rank's tokens, under context parallelism
     parts = hybrid.script_parts(program, parts)  # the data rank over dp x dp_shard, under HSDP
-    return assemble(program, sections, name, parts, kernels_module=kernels_module)
+    source = assemble(program, sections, name, parts, kernels_module=kernels_module)
+    return safe.checked_source(source, "<emitted training script>", "the emitted training script")

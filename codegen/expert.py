@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import InvalidPlanError, Plan
+from . import safe
 from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FullyShard, Step
 
 EXPERTS = "mlp.experts"  # the stacked experts of a zoo MoE block (w1, w3: (E, h, f); w2: (E, f, h))
@@ -82,26 +83,29 @@ def on_expert_mesh(axes: tuple[str, ...]) -> bool:
 # ---- printing (codegen.emit.EMITTERS) ---------------------------------------------------------
 
 def expert_mesh_lines(step: ExpertMesh, target: str) -> tuple[str, list[str]]:
-    sizes = ", ".join(str(n) for _, n in step.dims)
-    names = ", ".join(f'"{a}"' for a, _ in step.dims)
+    sizes = ", ".join(str(safe.integer(n, f"ExpertMesh size of {a!r}")) for a, n in step.dims)
+    names = ", ".join(f'"{safe.name(a, "ExpertMesh axis")}"' for a, _ in step.dims)
     return "parallelize", [f"expert_mesh = DeviceMesh(mesh.device_type, mesh.mesh.reshape({sizes}), "
                            f"mesh_dim_names=({names}))"]
 
 
 def expert_parallel_lines(step: ExpertParallel, target: str) -> tuple[str, list[str]]:
-    return "parallelize", [f'shard_experts({target}, expert_mesh["{step.mesh_axis}"])']
+    return "parallelize", [f'shard_experts({target}, expert_mesh["{safe.name(step.mesh_axis, "ExpertParallel.mesh_axis")}"])']
 
 
 def comment(step: Step) -> str | None:
     """The comment above an expert-parallel step (lines joined by newlines), or None for other steps."""
     if isinstance(step, ExpertMesh):
-        edp, ep = dict(step.dims)["edp"], dict(step.dims)["ep"]
-        return (f"# the experts' view of the same ranks: {step.split_axis} split into edp({edp}) x ep({ep}), ep "
+        edp, ep = (safe.integer(dict(step.dims)[a], f"ExpertMesh size of {a!r}") for a in ("edp", "ep"))
+        split = safe.name(step.split_axis, "ExpertMesh.split_axis")
+        return (f"# the experts' view of the same ranks: {split} split into edp({edp}) x ep({ep}), ep "
                 "innermost (Megatron-Core):\n# an ep group shares its tokens among its experts, an edp group "
                 "holds replicas of the same experts")
     if isinstance(step, ExpertParallel):
-        return (f"# expert parallelism over ep: each rank keeps {step.num_experts // step.ep_size} of the "
-                f"{step.num_experts} experts of every MoE block, and token slots\n# reach them by "
+        experts = safe.integer(step.num_experts, "ExpertParallel.num_experts")
+        per_rank = experts // safe.integer(step.ep_size, "ExpertParallel.ep_size")
+        return (f"# expert parallelism over ep: each rank keeps {per_rank} of the "
+                f"{experts} experts of every MoE block, and token slots\n# reach them by "
                 "all_to_all_single (PyTorch has no ready-made MoE dispatch: meshplan.runtime.expert has it)")
     if isinstance(step, FullyShard) and on_expert_mesh(step.mesh_axes):
         how = ("as HSDP with a shard group of 1" if len(step.mesh_axes) == 2

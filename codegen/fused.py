@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Plan
+from ..ir import InvalidPlanError, Plan
+from . import safe
 from .kernels import GPU_RULES, BlockRules, generate_module
 from .program import FuseKernel, Program, Step
 
@@ -99,11 +100,11 @@ def skipped(plan: Plan) -> tuple[str, ...]:
     for kernel in plan.fusions:
         spec = FUSED_MODULES.get(kernel)
         if spec is None or family not in spec.families:
-            why = f"no zoo {family} block holds it as one module ({', '.join(FUSED_MODULES)} are applied)"
+            why = f"no zoo {safe.shown(family)} block holds it as one module ({', '.join(FUSED_MODULES)} are applied)"
         else:
             why = blocked(kernel, plan)
-        if why is not None:
-            lines.append(f"fusion {kernel} not applied: {why}")
+        if why is not None:  # the kernel's name is plan text: shown quoted and escaped unless a plain token
+            lines.append(f"fusion {safe.shown(kernel)} not applied: {why}")
     return tuple(lines)
 
 
@@ -114,23 +115,35 @@ def fuse_steps(plan: Plan, layers: int) -> list[Step]:
 
 
 def kernels_used(program: Program) -> tuple[str, ...]:
-    """The kernel names the program's FuseKernel steps call, first-seen order."""
-    return tuple(dict.fromkeys(s.kernel for s in program.steps if isinstance(s, FuseKernel)))
+    """The kernel names the program's FuseKernel steps call, first-seen order (each one of ``FUSED_MODULES``)."""
+    return tuple(dict.fromkeys(_spec(s)[0] for s in program.steps if isinstance(s, FuseKernel)))
+
+
+def _spec(step: FuseKernel) -> tuple[str, FusedModule]:
+    """The kernel of ``step`` and how it runs; InvalidPlanError for a name outside the closed set."""
+    spec = FUSED_MODULES.get(step.kernel) if isinstance(step.kernel, str) else None
+    if spec is None:
+        raise InvalidPlanError(f"FuseKernel.kernel is {step.kernel!r}, but the generated kernels are "
+                               f"{', '.join(FUSED_MODULES)}; lower the plan with meshplan.codegen.lower")
+    return step.kernel, spec
 
 
 def kernels_source(program: Program, *, rules: BlockRules = GPU_RULES) -> str | None:
-    """The generated kernels module for ``program``; None when nothing is fused."""
+    """The generated kernels module for ``program``, checked to compile; None when nothing is fused."""
     used = kernels_used(program)
-    return generate_module(used, rules=rules) if used else None
+    if not used:
+        return None
+    return safe.checked_source(generate_module(used, rules=rules), "<generated kernels module>", "the kernels module")
 
 
 def fuse_kernel_lines(step: FuseKernel, target: str) -> tuple[str, list[str]]:
-    return "parallelize", [f"{target}.__class__ = {FUSED_MODULES[step.kernel].name}"]
+    return "parallelize", [f"{target}.__class__ = {_spec(step)[1].name}"]
 
 
 def comment(step: Step) -> str | None:
     if isinstance(step, FuseKernel):
-        return f"# kernel fusion: run {step.kernel} as one generated Triton kernel (kernels module beside this file)"
+        return (f"# kernel fusion: run {_spec(step)[0]} as one generated Triton kernel (kernels module beside "
+                "this file)")
     return None
 
 
@@ -139,7 +152,7 @@ def imports(program: Program, kernels_module: str) -> list[str]:
     if not kernels_used(program):
         return []
     return ["import meshplan.zoo.models", "", "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))",
-            f"import {kernels_module} as kernels  # noqa: E402  generated Triton kernels, written beside this script"]
+            f"import {safe.name(kernels_module, 'the kernels module')} as kernels  # noqa: E402  generated Triton kernels, written beside this script"]
 
 
 def definitions(program: Program) -> list[str]:

@@ -181,8 +181,12 @@ def _data_parallel(plan: Plan, layers: int) -> list[Step]:
 
 
 def _header(plan: Plan) -> tuple[str, ...]:
-    lines = [f"model: {plan.model.get('name') or plan.model.get('family')}, cluster: {plan.cluster}, "
-             f"global batch {plan.global_batch} x seq {plan.seq_len}, dtype {plan.dtype} "
+    """Lines for the script's docstring; plan strings shown quoted unless plain tokens (``safe.shown``),
+    and escaped again where they are printed (``safe.doc_text``)."""
+    from .safe import shown
+
+    lines = [f"model: {shown(plan.model.get('name') or plan.model.get('family'))}, cluster: {shown(plan.cluster)}, "
+             f"global batch {plan.global_batch} x seq {plan.seq_len}, dtype {shown(plan.dtype)} "
              "(this program trains in fp32)"]
     p = plan.prediction
     if p is not None:

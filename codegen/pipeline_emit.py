@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import script
+from . import safe, script
 from .pipeline_lower import SCHEDULE_CLASSES
 from .program import Program, SplitPipeline, Step
 
@@ -21,15 +21,18 @@ INDENT = "    "
 
 def split_pipeline_lines(step: SplitPipeline, target: str) -> tuple[str, list[str]]:
     """Stage modules, ``PipelineStage``s and the schedule: the "pipeline" section of ``main``."""
-    cls, takes_list = SCHEDULE_CLASSES[step.schedule]
+    cls, takes_list = SCHEDULE_CLASSES[step.schedule]  # a Schedule: SplitPipeline checks it
+    cls = safe.name(cls, "the pipeline schedule class")
     stage_arg = "stages" if takes_list else "stages[0]"  # GPipe and 1F1B run one stage per rank
-    stages = ", ".join(f"({a}, {b})" for a, b in step.stages)
+    stages = ", ".join(f"({safe.integer(a, 'a stage bound')}, {safe.integer(b, 'a stage bound')})"
+                       for a, b in step.stages)
+    axis, pp_size = safe.name(step.mesh_axis, "SplitPipeline.mesh_axis"), safe.integer(step.pp_size, "pp size")
     return "pipeline", [
-        f"# pipeline parallelism over pp ({step.schedule}): stage c holds layers [first, last) of",
-        f"# stage_layers[c] and runs on pp rank c % {step.pp_size}; every rank keeps only its stages' modules",
+        f"# pipeline parallelism over pp ({safe.shown(step.schedule)}): stage c holds layers [first, last) of",
+        f"# stage_layers[c] and runs on pp rank c % {pp_size}; every rank keeps only its stages' modules",
         f"stage_layers = ({stages})",
-        f'pp_rank, pp_group = mesh.get_local_rank("{step.mesh_axis}"), mesh["{step.mesh_axis}"].get_group()',
-        f"stage_ids = range(pp_rank, len(stage_layers), {step.pp_size})",
+        f'pp_rank, pp_group = mesh.get_local_rank("{axis}"), mesh["{axis}"].get_group()',
+        f"stage_ids = range(pp_rank, len(stage_layers), {pp_size})",
         "stage_modules = [parallelize(StageModule(model, *stage_layers[c]), mesh) for c in stage_ids]",
         "stages = [PipelineStage(module, c, len(stage_layers), device, group=pp_group)",
         f"{INDENT}{INDENT}  for c, module in zip(stage_ids, stage_modules)]",
@@ -42,14 +45,16 @@ def split_pipeline_lines(step: SplitPipeline, target: str) -> tuple[str, list[st
 
 def guarded(step: Step, indices: tuple[int, ...] | None, lines: list[str]) -> list[str]:
     """``lines`` of one step group, run only where this stage holds the module they name."""
-    module = getattr(step, "module", "")
+    module = safe.module_path(getattr(step, "module", ""), "a step's module path")
     if indices is not None:
+        indices = tuple(safe.integer(i, "a layer index") for i in indices)
         contiguous = len(indices) > 1 and indices == tuple(range(indices[0], indices[-1] + 1))
         layers = str(indices) if not contiguous else f"range({indices[-1] + 1})" if indices[0] == 0 else (
             f"range({indices[0]}, {indices[-1] + 1})")
         return [f"for i in held(model, {layers}):"] + [INDENT + line for line in lines]
     top = module.partition(".")[0]
     if top and not isinstance(step, SplitPipeline):
+        safe.name(top, "the top-level module of a step under pipeline parallelism")
         return [f"if model.{top} is not None:  # only the {_WHERE.get(top, 'stage that holds it')}"] + [
             INDENT + line for line in lines]
     return lines
@@ -140,4 +145,5 @@ def schedule_import(program: Program) -> list[str]:
     split = next((s for s in program.steps if isinstance(s, SplitPipeline)), None)
     if split is None:
         return []
-    return [f"from torch.distributed.pipelining import PipelineStage, {SCHEDULE_CLASSES[split.schedule][0]}"]
+    cls = safe.name(SCHEDULE_CLASSES[split.schedule][0], "the pipeline schedule class")
+    return [f"from torch.distributed.pipelining import PipelineStage, {cls}"]
