@@ -46,12 +46,9 @@ def _fixed(args: argparse.Namespace) -> dict:
 def _model(args: argparse.Namespace):
     if args.model is not None:  # '' too: the zoo says it has no such model
         return args.model
-    try:
-        return json.loads(Path(args.model_config).read_text())
-    except OSError as exc:
-        raise ir.PlanError(f"cannot read model config {args.model_config!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ir.PlanError(f"{args.model_config}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # a regular file, bounded size, depth and numbers
+
+    return read_json_file(args.model_config, max_bytes=MAX_CONFIG_BYTES, what="model config")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

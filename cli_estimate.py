@@ -92,12 +92,9 @@ def _config(args: argparse.Namespace) -> zoo.ModelConfig:
     if args.model:
         config = zoo.config(args.model)
     else:
-        try:
-            data = json.loads(Path(args.model_config).read_text())
-        except OSError as exc:
-            raise ir.PlanError(f"cannot read model config {args.model_config!r}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ir.PlanError(f"{args.model_config}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # as cli._model
+
+        data = read_json_file(args.model_config, max_bytes=MAX_CONFIG_BYTES, what="model config")
         config = zoo.ModelConfig.from_dict(data)
     if args.seq_len > config.max_seq_len:
         raise ir.PlanError(f"seq_len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidPlanError
+from .readfile import parse_json, read_json_file
 
 SCHEMA = "meshplan.plan/1"
 AXES = ("pp", "dp", "cp", "tp", "ep")
@@ -183,20 +184,12 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, *, where: str = "plan") -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidPlanError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-        return cls.from_dict(data, where=where)
+        return cls.from_dict(parse_json(text, where=where, error=InvalidPlanError), where=where)
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InvalidPlanError(f"cannot read plan file {str(path)!r}: {exc.strerror}") from None
-        return cls.from_json(text, where=str(path))
+        """The plan in the file ``path``: a regular file of UTF-8 JSON within the bounds of ``readfile``."""
+        return cls.from_dict(read_json_file(path, what="plan file", error=InvalidPlanError), where=str(path))
 
     def with_prediction(self, prediction: Prediction, solver: SolverInfo | None = None) -> "Plan":
         return replace(self, prediction=prediction, solver=solver if solver is not None else self.solver)

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..ir.errors import UnknownModelError
+from ..ir.schema import MODEL_LIMITS, short_repr
 
 FAMILIES = ("gpt", "llama", "moe")
 
@@ -24,16 +25,18 @@ class ModelConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise UnknownModelError(f"family {self.family!r} is not one of {FAMILIES}")
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
+            raise UnknownModelError(f"model config: family {short_repr(self.family)} is not one of {FAMILIES}")
+        if not isinstance(self.name, str) or len(self.name) > 200:
+            raise UnknownModelError(f"model config: name must be a string of at most 200 characters, "
+                                    f"got {short_repr(self.name)}")
+        for f, (least, most) in MODEL_LIMITS.items():
+            _check_size(f, getattr(self, f), least, most)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq_len"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise UnknownModelError(f"model config: {f} must be a positive integer, got {v!r}")
+        _check_size("ffn_hidden", self.ffn_hidden, *MODEL_LIMITS["ffn_hidden"])
         if self.hidden % self.heads:
             raise UnknownModelError(f"model config: hidden({self.hidden}) must divide by heads({self.heads})")
         if self.heads % self.kv_heads:
@@ -64,6 +67,17 @@ class ModelConfig:
         if missing:
             raise UnknownModelError(f"model config: missing field(s) {missing}")
         return cls(**data)
+
+
+def _check_size(name: str, value: Any, least: int, most: int) -> None:
+    """An integer in [least, most] (ir/schema.py MODEL_LIMITS): ``true``, ``2.0`` or ``"4"`` are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnknownModelError(f"model config: {name} must be an integer from {least} to {most}, "
+                                f"got {short_repr(value)} ({type(value).__name__})")
+    if not least <= value <= most:
+        raise UnknownModelError(f"model config: {name} must be from {least} to {most}, got {short_repr(value)}"
+                                + ("; larger than any model meshplan plans for, check it for a typo"
+                                   if value > most else ""))
 
 
 _PRESETS: dict[str, dict[str, Any]] = {

@@ -37,7 +37,7 @@ def plans(draw) -> ir.Plan:
     solver = draw(st.none() | st.builds(ir.SolverInfo, status=st.sampled_from(["OPTIMAL", "FEASIBLE"]),
                                         wall_s=st.floats(0, 60), gap=st.floats(0, 1),
                                         candidates=st.integers(0, 999)))
-    return ir.Plan(model=MODEL, cluster="h100-sxm:1x8", global_batch=mb * n_mb * dp, seq_len=128,
+    return ir.Plan(model=MODEL, cluster=f"h100-sxm:1x{tp * dp * pp}", global_batch=mb * n_mb * dp, seq_len=128,
                    mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=draw(st.sampled_from([0, 1, 2, 3])),
                    sequence_parallel=sp, micro_batch_size=mb, num_microbatches=n_mb, recompute=recompute,
                    stages=stages, param_layouts={"output.weight": ("R", "S(0)", "R", "S(0)", "R")},
@@ -63,17 +63,18 @@ def _good() -> dict:
     (lambda d: d.pop("mesh"), "missing field(s) ['mesh']"),
     (lambda d: d["mesh"].update(tp="two"), "mesh.tp: expected an integer, got 'two'"),
     (lambda d: d.update(global_batch=9), "= 8 != global_batch(9)"),
-    (lambda d: d.update(zero_stage=5), "zero_stage must be 0, 1, 2 or 3, got 5"),
-    (lambda d: d.update(recompute=["none", "some"]), "recompute: expected a list of 'none' | 'selective' | 'full'"),
-    (lambda d: d.update(schedule="fast"), "schedule: expected one of gpipe, 1f1b"),
+    (lambda d: d.update(zero_stage=5), "zero_stage: expected 0, 1, 2 or 3, got 5"),
+    (lambda d: d.update(recompute=["none", "some"]), "recompute[1]: expected 'none', 'selective' or 'full', got 'some'"),
+    (lambda d: d.update(schedule="fast"), "schedule: expected 'gpipe', '1f1b'"),
     (lambda d: d.update(surprise=1), "unknown field(s) ['surprise']"),
-    (lambda d: d["prediction"].pop("step_time_s"), "prediction.step_time_s: expected a number, got None"),
-    (lambda d: d.update(param_layouts={"w": ["S(x)"]}), "param_layouts['w']: placement 'S(x)' is not one of"),
+    (lambda d: d["prediction"].pop("step_time_s"), "prediction.step_time_s: required field is missing"),
+    (lambda d: d.update(param_layouts={"w": ["S(x)"] + ["R"] * 4}),
+     "param_layouts['w'][0]: must be a placement: S(dim), R or P, got 'S(x)'"),
     (lambda d: d.update(mesh={"dp": 4, "ep": 3}), "ep(3) must divide dp(4) * cp(1) = 4"),
     (lambda d: d.update(zero_stage=3, zero_group=3), "dp(4) % zero_group(3) = 1"),
     (lambda d: d.update(zero_stage=3, zero_group=4), "zero_group(4) must be > 1, < dp(4)"),
     (lambda d: d.update(zero_stage=1, zero_group=2), "zero_group(2) needs zero_stage 2 or 3"),
-    (lambda d: d.update(zero_stage=3, zero_group="2"), "zero_group: expected an integer"),
+    (lambda d: d.update(zero_stage=3, zero_group="2"), "zero_group: expected an integer, got '2'"),
 ])
 def test_bad_plan_files_say_what_and_where(tmp_path, edit, message) -> None:
     data = _good()
