@@ -22,6 +22,16 @@ objects, so its flattened state dict has the keys of those parameters only. Rank
 keys whose union is exactly what a plain optimizer writes, and on load each rank reads the keys of
 the parameters it owns under the new partition. No ``consolidate_state_dict`` (which gathers the
 whole state on one rank) is needed, and ZeRO-1 checkpoints load under every other plan and back.
+
+Expert parallelism keeps ``E / ep`` experts per rank under the whole model's names (a plain tensor,
+or FSDP's DTensor over edp, of shape ``(E / ep, ...)``). For DCP they are shown as what they are:
+a DTensor of all ``E`` experts over a mesh ``(ep, *their own mesh)`` placed ``(Shard(0), *their own
+placements)`` (DTensor nests shards of the same dim left to right: the ep rank picks its block of
+experts, FSDP its rows within it). The view shares the parameter's storage, so ``dcp.load`` fills
+the parameter itself; an EP checkpoint loads under any plan, with or without ep, and back.
+
+Every checkpoint ends with a manifest of its files' sizes and CRC-32s (``manifest.py``): a directory
+without one is incomplete, and a load verifies every file before reading any tensor.
 """
 from __future__ import annotations
 
@@ -33,45 +43,62 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, Shard
 
 from ..ir import PlanError
+from .expert import ExpertParallelMixin
+from .manifest import MANIFEST_FILE, read_manifest, verify, write_manifest
 
 if TYPE_CHECKING:
     from .planned import PlannedModule
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-METADATA_FILE = ".metadata"  # DCP writes it last, after every rank's data: its presence means complete
+METADATA_FILE = ".metadata"  # DCP's index of the chunks every rank wrote
 SHOWN = 5  # mismatched names listed in an error
 
 
 class CheckpointError(PlanError):
-    """A checkpoint is missing, incomplete, or from another model than the one loading it."""
+    """A checkpoint is missing, incomplete, damaged, or from another model than the one loading it."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint is incomplete (no valid manifest) or a file differs from what was written: an
+    older checkpoint may still be good (``resume`` falls back to it)."""
 
 
 def save_checkpoint(pm: PlannedModule, path: str | os.PathLike, *, step: int) -> None:
     """Write ``pm``'s model and optimizer state, ``step`` and the RNG states to the DCP directory
     ``path``. A collective: call it on every rank, with the same path (on a shared file system)."""
-    _check_supported(pm)
     model_sd, optim_sd = _state_dicts(pm)
+    _show_experts_whole(pm, model_sd, optim_sd)
     state = {"model": model_sd, "optim": optim_sd, "train": {"step": step, "rng": {str(_rank()): _rng_state()}}}
     dcp.save(state, checkpoint_id=str(path))
+    write_manifest(path, step=step)
 
 
 def load_checkpoint(pm: PlannedModule, path: str | os.PathLike) -> int:
     """Load a checkpoint written by ``save_checkpoint`` under any plan of the same model into ``pm``
     (resharding as ``pm``'s plan needs); returns the step it was saved at. A collective.
 
-    Raises ``CheckpointError`` if ``path`` holds no complete checkpoint, or if the checkpoint's
+    Raises ``DamagedCheckpointError`` if ``path`` holds no complete checkpoint or one of its files
+    differs from what was written (naming it), and ``CheckpointError`` if the checkpoint's
     parameters differ from the model's (naming each one, with both shapes)."""
-    _check_supported(pm)
     saved = _read_metadata(Path(path))
     model_sd, optim_sd = _state_dicts(pm)
+    originals = _show_experts_whole(pm, model_sd, optim_sd)
     check_model_matches(_global_shapes(model_sd), saved, path)
     rng_key = str(_rank()) if f"train.rng.{_rank()}.cpu" in saved else "0"  # a new rank takes rank 0's
     rng = {kind: t for kind, t in _rng_state().items() if f"train.rng.{rng_key}.{kind}" in saved}
     state = {"model": model_sd, "optim": optim_sd, "train": {"step": 0, "rng": {rng_key: rng}}}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except dcp.api.CheckpointException as exc:  # raised on every rank, with every rank's failure
+        raise DamagedCheckpointError(f"the checkpoint {path} verified but cannot be read: {_first_line(exc)}; "
+                                     "an older checkpoint may load") from exc
+    for sd, entries in zip((model_sd, optim_sd), originals):
+        sd.update(entries)  # the parameters themselves, which the views above filled
     set_state_dict(pm.module, _local_optimizer(pm.optimizer), model_state_dict=model_sd,
                    optim_state_dict=optim_sd, options=OPTIONS)
     _sync_zero_param_groups(pm.optimizer)
@@ -80,8 +107,8 @@ def load_checkpoint(pm: PlannedModule, path: str | os.PathLike) -> int:
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a checkpoint every rank finished writing."""
-    return (Path(path) / METADATA_FILE).is_file()
+    """Whether ``path`` holds a checkpoint every rank finished writing (it has a valid manifest)."""
+    return read_manifest(path) is not None
 
 
 def check_model_matches(model_shapes: dict[str, tuple[int, ...]], saved: dict[str, Any],
@@ -119,13 +146,70 @@ def _global_shapes(model_sd: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {name: shape for part in parts for name, shape in part.items()}
 
 
-def _check_supported(pm: PlannedModule) -> None:
-    """Expert parallelism keeps ``E / ep`` experts per rank as plain tensors under the whole
-    model's names, which DCP would take for whole tensors: refuse rather than write a wrong file."""
-    split = sorted(name for name, module in pm.module.named_modules() if hasattr(module, "ep_group"))
-    if split:
-        raise CheckpointError(f"checkpoints of expert-parallel plans are not supported yet ({len(split)} experts "
-                              f"module(s) split over ep, e.g. '{split[0]}'); save and load under plans with ep=1")
+def _show_experts_whole(pm: PlannedModule, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Replace each expert-parallel entry of the two state dicts (a parameter of ``E / ep`` experts and
+    its optimizer state) by a view of all ``E`` experts (the module docstring); return the replaced
+    entries of each, to put back once a load has filled them."""
+    originals: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    meshes: dict[tuple, DeviceMesh] = {}
+    for fqn, group in _expert_parameters(pm, model_sd).items():
+        param = model_sd[fqn]
+        entries = [(model_sd, originals[0], fqn)]
+        entries += [(optim_sd, originals[1], key) for key, value in optim_sd.items()
+                    if key.startswith(f"state.{fqn}.") and isinstance(value, torch.Tensor)
+                    and type(value) is type(param) and value.shape == param.shape]
+        for sd, kept, key in entries:
+            kept[key] = sd[key]
+            sd[key] = _over_ep(sd[key], group, meshes)
+    return originals
+
+
+def _expert_parameters(pm: PlannedModule, model_sd: dict[str, Any]) -> dict[str, dist.ProcessGroup]:
+    """State-dict name -> ep group of every parameter split over ep."""
+    found = {}
+    for name, module in pm.module.named_modules():
+        if not isinstance(module, ExpertParallelMixin):
+            continue
+        for pname, _ in module.named_parameters(recurse=False):
+            fqn = f"{name}.{pname}".replace("_checkpoint_wrapped_module.", "")
+            fqn = fqn if fqn in model_sd else fqn.removeprefix("module.")  # DDP's wrapper
+            if fqn not in model_sd:
+                raise CheckpointError(f"the expert parameter '{name}.{pname}' has no entry in the model's state "
+                                      "dict; checkpoints of this plan cannot be written")
+            found[fqn] = module.ep_group
+    return found
+
+
+def _over_ep(tensor: torch.Tensor, ep_group: dist.ProcessGroup, meshes: dict[tuple, DeviceMesh]) -> DTensor:
+    """``tensor`` (this ep rank's ``E / ep`` experts, plain or a DTensor) as a DTensor of all ``E``
+    experts over the mesh ``(ep, *tensor's mesh)``, sharing ``tensor``'s storage."""
+    inner = tensor.device_mesh if isinstance(tensor, DTensor) else None
+    key = (ep_group.group_name, None if inner is None else (inner.mesh.flatten().tolist(), inner.mesh_dim_names))
+    if key not in meshes:
+        meshes[key] = _ep_mesh(ep_group, inner, tensor.device.type)
+    placements = (Shard(0), *(tensor.placements if inner is not None else ()))
+    local = tensor.to_local() if inner is not None else tensor
+    shape = (tensor.shape[0] * ep_group.size(), *tensor.shape[1:])
+    with torch.no_grad():
+        return DTensor.from_local(local.detach(), meshes[key], placements, run_check=False, shape=torch.Size(shape),
+                                  stride=torch.empty(shape, device="meta").stride())
+
+
+def _ep_mesh(ep_group: dist.ProcessGroup, inner: DeviceMesh | None, device_type: str) -> DeviceMesh:
+    """The mesh ``(ep, *inner)`` over existing groups: the ranks that hold the other experts in the
+    same position of ``inner`` (meshes are rank grids, so ep rank j's grid is this one shifted)."""
+    me = dist.get_rank()
+    inner_ranks = inner.mesh if inner is not None else torch.tensor(me)
+    ranks = torch.stack([inner_ranks + (r - me) for r in dist.get_process_group_ranks(ep_group)])
+    if len(set(ranks.flatten().tolist())) != ranks.numel():
+        raise CheckpointError(f"the expert mesh {ranks.tolist()} repeats a rank: the ep groups and the experts' "
+                              "FSDP mesh do not form a grid; checkpoints of this plan cannot be written")
+    groups, names = [ep_group], ["ep"]
+    if inner is not None:
+        groups += inner.get_all_groups()
+        names += inner.mesh_dim_names or [f"dim{i}" for i in range(inner.ndim)]
+    return DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=tuple(f"ckpt_{n}" for n in names))
 
 
 def _shape(shape: Any) -> str:
@@ -133,11 +217,29 @@ def _shape(shape: Any) -> str:
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:
-    if not is_complete(path):
-        what = "does not exist" if not path.exists() else f"has no {METADATA_FILE} (an unfinished save?)"
-        raise CheckpointError(f"no complete checkpoint at {path}: the directory {what}; "
+    """DCP's metadata, once every file is verified against the manifest (a collective)."""
+    if not path.exists():
+        raise CheckpointError(f"no complete checkpoint at {path}: the directory does not exist; "
                               "give a directory written by PlannedModule.save")
-    return dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise DamagedCheckpointError(f"no complete checkpoint at {path}: the directory has no valid {MANIFEST_FILE} "
+                                     "(an unfinished save, or not written by PlannedModule.save)")
+    problems = verify(path, manifest)
+    if problems:
+        more = f" (and {len(problems) - 1} more file(s))" if len(problems) > 1 else ""
+        raise DamagedCheckpointError(f"the checkpoint {path} is damaged: {problems[0]}{more}; "
+                                     "an older checkpoint may load")
+    try:
+        return dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as exc:  # noqa: BLE001 - verified bytes that still do not parse
+        raise DamagedCheckpointError(f"the checkpoint {path} verified but its {METADATA_FILE} cannot be read: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -7,18 +7,25 @@ Data and optimizer state continue where the checkpoint left them (step counter, 
 RNG), so the job ends with the same losses and parameters as a run that never crashed.
 
 Layout: ``DIR/step-000004/`` per saved step. A save is written to ``step-000004.partial`` and
-renamed by rank 0 once every rank has finished (DCP writes ``.metadata`` last), so a crash during
-a save leaves no directory that looks complete.
+renamed by rank 0 once every rank has finished and the manifest (sizes and CRC-32s of every file,
+``manifest.py``) is written, so a crash during a save leaves no directory that looks complete.
+
+A resume verifies the newest checkpoint's files; if one differs from what was written (a flipped
+byte, a truncated shard or ``.metadata``) or the manifest is missing, it says so on stderr (naming
+the file) and falls back to the next older one: ``KEEP_LAST`` checkpoints are kept for this.
 
 Fault injection for tests: with ``MESHPLAN_FAIL_AT_STEP=S`` (and ``MESHPLAN_FAIL_RANK=r``, default 0)
 rank r exits with status 1 just before step S, on the first attempt only
-(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset).
+(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset); with ``MESHPLAN_FAIL_HOW=stop`` it stops itself
+(SIGSTOP) instead, as a hung rank would, and its peers wait out the process group's timeout.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -26,22 +33,27 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ir import Plan
-from .checkpoint import is_complete
+from .checkpoint import CheckpointError, DamagedCheckpointError, is_complete
 from .distributed import close_distributed, init_distributed
 from .planned import OptimizerFactory, PlannedModule, apply
-from .train import train_steps
+from .train import plan_pg_timeout_s, train_steps
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 KEEP_LAST = 2  # checkpoints kept: the newest, and one more in case the newest is unreadable
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest step under ``directory``, or None."""
+def checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Every ``step-N`` directory under ``directory``, newest first (complete or not)."""
     root = Path(directory)
     if not root.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and is_complete(p)]
-    return max(found)[1] if found else None
+        return []
+    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(steps, reverse=True)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The complete checkpoint (one with a manifest) with the highest step under ``directory``, or None."""
+    return next((p for p in checkpoints(directory) if is_complete(p)), None)
 
 
 def save_step(pm: PlannedModule, directory: str | os.PathLike, step: int) -> Path:
@@ -76,25 +88,31 @@ def maybe_fail(step: int) -> None:
     if not fail_at or int(fail_at) != step or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
         return
     if dist.get_rank() == int(os.environ.get("MESHPLAN_FAIL_RANK", "0")):
-        print(f"[meshplan] rank {dist.get_rank()}: injected failure before step {step}", flush=True)
-        os._exit(1)
+        stop = os.environ.get("MESHPLAN_FAIL_HOW", "exit") == "stop"
+        print(f"[meshplan] rank {dist.get_rank()}: injected {'stop' if stop else 'failure'} before step {step}",
+              flush=True)
+        if stop:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            os._exit(1)
 
 
 def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
                   checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
                   save_final: str | os.PathLike | None = None,
-                  optimizer: OptimizerFactory | None = None) -> list[float]:
+                  optimizer: OptimizerFactory | None = None, pg_timeout_s: float | None = None) -> list[float]:
     """``train.run_training`` with checkpoints: resume from the newest complete checkpoint under
     ``checkpoint_dir`` if there is one, save every ``checkpoint_every`` steps, and, if ``save_final``
     is given, write the full final parameters there (``torch.save`` on rank 0). Rank 0 prints
     ``step N loss X`` and the median step time after the first step of this attempt. Returns the
-    losses of the steps this attempt ran."""
+    losses of the steps this attempt ran. ``pg_timeout_s`` overrides how long a collective waits for a
+    stopped rank (``train.plan_pg_timeout_s``)."""
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("checkpoint_every needs a checkpoint_dir")
-    created = init_distributed()
+    created = init_distributed(plan_pg_timeout_s(plan, pg_timeout_s))
     try:
         pm = apply(plan, model, optimizer=optimizer)
-        start = _resume(pm, checkpoint_dir)
+        start = resume(pm, checkpoint_dir)
         losses = _train(pm, plan, range(start + 1, steps + 1), seed, checkpoint_dir, checkpoint_every)
         if save_final is not None:
             params = pm.full_parameters()  # a collective: every rank takes part
@@ -107,14 +125,28 @@ def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *
     return losses
 
 
-def _resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
-    latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
-    if latest is None:
-        return 0
-    step = pm.load(str(latest))
-    if dist.get_rank() == 0:
-        print(f"resumed from {latest} at step {step}", flush=True)
-    return step
+def resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
+    """Load the newest checkpoint that verifies, falling back past damaged ones (one line on stderr
+    each); 0 if there is none. Raises ``CheckpointError`` if there are checkpoints but none verifies."""
+    found = checkpoints(checkpoint_dir) if checkpoint_dir is not None else []
+    problems = []
+    for i, path in enumerate(found):
+        try:
+            step = pm.load(str(path))
+        except DamagedCheckpointError as exc:  # every rank gets the same verdict
+            problems.append(f"{path.name}: {exc}")
+            if dist.get_rank() == 0:
+                then = f"falling back to {found[i + 1]}" if i + 1 < len(found) else "no older checkpoint is left"
+                print(f"[meshplan] {exc}; {then}", file=sys.stderr, flush=True)
+            continue
+        if dist.get_rank() == 0:
+            print(f"resumed from {path} at step {step}", flush=True)
+        return step
+    if problems:
+        raise CheckpointError(f"none of the {len(found)} checkpoint(s) under {checkpoint_dir} can be loaded "
+                              f"({'; '.join(problems)}); restore a good copy, or give another --checkpoint-dir "
+                              "to train from step 0")
+    return 0
 
 
 def _train(pm: PlannedModule, plan: Plan, steps: range, seed: int, checkpoint_dir: str | os.PathLike | None,

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..ir import Plan
 from .distributed import close_distributed, init_distributed
+from .distributed import pg_timeout_s as timeout_for_step
 from .planned import OptimizerFactory, PlannedModule, apply
 
 ModelBuilder = Callable[[dict[str, Any]], nn.Module]
@@ -36,11 +37,18 @@ def synthetic_batch(vocab: int, global_batch: int, seq_len: int, seed: int, step
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def plan_pg_timeout_s(plan: Plan, override_s: float | None = None) -> float:
+    """The process group's timeout for ``plan``: ``distributed.pg_timeout_s`` of its predicted step."""
+    return timeout_for_step(plan.prediction.step_time_s if plan.prediction is not None else 0.0, override_s)
+
+
 def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
-                 optimizer: OptimizerFactory | None = None, fuse: bool = False) -> list[float]:
+                 optimizer: OptimizerFactory | None = None, fuse: bool = False,
+                 pg_timeout_s: float | None = None) -> list[float]:
     """Shard ``model`` (built after ``torch.manual_seed(seed)``) and train ``steps`` steps; rank 0 prints
-    ``step N loss X`` and the median step time after the first step. Returns the losses (every rank)."""
-    created = init_distributed()
+    ``step N loss X`` and the median step time after the first step. Returns the losses (every rank).
+    ``pg_timeout_s`` overrides how long a collective waits for a stopped rank (``plan_pg_timeout_s``)."""
+    created = init_distributed(plan_pg_timeout_s(plan, pg_timeout_s))
     try:
         losses = train_steps(apply(plan, model, optimizer=optimizer, fuse=fuse), plan, range(1, steps + 1), seed)
     except BaseException:
@@ -93,11 +101,14 @@ def main(argv: list[str] | None = None, *, model_builder: ModelBuilder | None = 
                         help=f"model builder 'module:function' taking plan.model (default {DEFAULT_BUILDER})")
     parser.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False,
                         help="run the plan's fusions as generated Triton kernels")
+    parser.add_argument("--pg-timeout", type=float, metavar="SECONDS",
+                        help="how long a collective waits for a stopped rank (default: 20 predicted steps, >= 60 s)")
     args = parser.parse_args(argv)
     plan = Plan.load(args.plan)
     builder = model_builder or load_builder(args.builder)
     torch.manual_seed(args.seed)  # every rank builds the same initial weights
-    run_training(plan, builder(plan.model), steps=args.steps, seed=args.seed, fuse=args.fuse)
+    run_training(plan, builder(plan.model), steps=args.steps, seed=args.seed, fuse=args.fuse,
+                 pg_timeout_s=args.pg_timeout)
     return 0
 
 
