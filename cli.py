@@ -99,22 +99,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan.world_size != args.nproc:
         raise ir.InvalidPlanError(f"the plan's mesh needs {plan.world_size} processes "
                                   f"({plan.mesh}) but --nproc is {args.nproc}")
+    if args.pg_timeout is not None and not args.pg_timeout > 0:
+        raise ir.PlanError(f"--pg-timeout is {args.pg_timeout} but must be a positive number of seconds "
+                           "(how long a collective waits for a stopped rank); omit it for 20 predicted steps")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
            *_rendezvous_flags(args.max_restarts), "-m", "meshplan.cli", "_train", str(args.plan),
            "--steps", str(args.steps), "--seed", str(args.seed)]
     temporary = args.checkpoint_every and not args.checkpoint_dir
     checkpoint_dir = tempfile.mkdtemp(prefix="meshplan-ckpt-") if temporary else args.checkpoint_dir
     cmd += _resume_flags(checkpoint_dir, args.checkpoint_every, args.save_final)
+    cmd += ["--pg-timeout", str(args.pg_timeout)] if args.pg_timeout is not None else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if args.max_restarts:
         # restarted workers must not find the previous attempt's addresses in a store shared with the
         # agent, or they connect to dead peers (pytorch/pytorch#135712): each attempt gets its own store
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        return subprocess.call(cmd, env=env)
-    finally:
+        code = subprocess.call(cmd, env=env)
+    except BaseException:
         if temporary:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        raise
+    if code == 0:
+        if temporary:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        return 0
+    return _run_failed(args, code, checkpoint_dir, temporary)
+
+
+def _run_failed(args: argparse.Namespace, code: int, checkpoint_dir: str | None, temporary: bool) -> int:
+    """One line on stderr for a failed ``meshplan run``: how torchrun ended and, if a checkpoint was
+    saved (it is kept, even in a temporary directory), the command that resumes from it."""
+    import shlex
+    import signal
+
+    from .runtime.resume import latest_checkpoint
+
+    how = (f"torchrun was killed by {signal.Signals(-code).name}; its workers exit with it" if code < 0
+           else f"torchrun exited with status {code}; the workers' errors are above")
+    latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    if latest is None:
+        if temporary:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        hint = "" if args.checkpoint_every else "; add --checkpoint-every C to be able to resume a run"
+        print(f"meshplan: error: the run failed ({how}) before any checkpoint was saved{hint}", file=sys.stderr)
+    else:
+        again = ["meshplan", "run", str(args.plan), "--nproc", str(args.nproc), "--steps", str(args.steps),
+                 "--seed", str(args.seed), *_resume_flags(checkpoint_dir, args.checkpoint_every, args.save_final)]
+        again += ["--max-restarts", str(args.max_restarts)] if args.max_restarts else []
+        again += ["--pg-timeout", str(args.pg_timeout)] if args.pg_timeout is not None else []
+        print(f"meshplan: error: the run failed ({how}); its checkpoints are kept in {checkpoint_dir} "
+              f"(newest: {latest.name}); resume with: {shlex.join(again)}", file=sys.stderr)
+    return 128 - code if code < 0 else code
 
 
 def _rendezvous_flags(max_restarts: int) -> list[str]:
@@ -146,9 +182,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .runtime.resume import run_resumable
 
         run_resumable(plan, model, steps=args.steps, seed=args.seed, checkpoint_dir=args.checkpoint_dir,
-                      checkpoint_every=args.checkpoint_every, save_final=args.save_final)
+                      checkpoint_every=args.checkpoint_every, save_final=args.save_final,
+                      pg_timeout_s=args.pg_timeout)
     else:
-        run_training(plan, model, steps=args.steps, seed=args.seed)
+        run_training(plan, model, steps=args.steps, seed=args.seed, pg_timeout_s=args.pg_timeout)
     # a torchrun worker: leave without the interpreter's teardown, where a gloo group's threads can
     # still abort the process after all the work is done ("terminate called without an active exception")
     sys.stdout.flush()
@@ -162,6 +199,8 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="where checkpoints go (default with --checkpoint-every: a temporary directory)")
     p.add_argument("--save-final", metavar="PATH", help="torch.save the full final parameters here (rank 0)")
+    p.add_argument("--pg-timeout", type=float, metavar="SECONDS", help="how long a collective waits for a stopped "
+                   "rank before the step fails (default: 20 predicted steps, at least 60 s)")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
