@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..cost_model import Cluster, estimate
-from ..ir import InfeasibleError, PlanError
+from ..ir import InfeasibleError, PlanError, limits
 
 if TYPE_CHECKING:
     from .search import Request
@@ -36,7 +36,7 @@ def gpus_that_fit(req: "Request") -> int:
 
     nodes = req.cluster.nodes * 2
     pins = {k: v for k, v in (req.fixed or {}).items() if k not in ("dp", "tp", "pp", "num_microbatches")}
-    while nodes <= MAX_NODES:
+    while nodes <= MAX_NODES and nodes * req.cluster.gpus_per_node <= limits.MAX_GPUS:
         try:
             bigger = Cluster.preset(req.cluster.name, nodes=nodes, gpus_per_node=req.cluster.gpus_per_node)
         except PlanError:

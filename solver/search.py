@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..cost_model import Cluster, estimate
-from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo
+from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts
+from .pins import check_pins_fit
 from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty, scale_up_gpus
 from .stages import stage_ranges
 
@@ -79,10 +80,11 @@ def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, se
     """Per layer: on each pipeline rank, its first ``full`` layers recompute fully, the next
     ``selective`` selectively (walking the rank's chunks in order), the rest not at all."""
     out = [Recompute.NONE] * layers
-    chunks = stages or ((0, layers),)
-    for rank in range(pp):
-        mine = [i for c, (a, b) in enumerate(chunks) if c % pp == rank for i in range(a, b)]
-        for j, i in enumerate(mine):
+    seen = [0] * pp  # layers of each rank walked so far: one pass over the layers, not one per rank
+    for c, (a, b) in enumerate(stages or ((0, layers),)):
+        for i in range(a, b):
+            j = seen[c % pp]
+            seen[c % pp] += 1
             out[i] = Recompute.FULL if j < full else Recompute.SELECTIVE if j < full + selective else Recompute.NONE
     return tuple(out)
 
@@ -90,7 +92,10 @@ def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, se
 def layers_per_rank(stages: tuple[tuple[int, int], ...], pp: int, layers: int) -> int:
     if not stages:
         return layers
-    return max(sum(b - a for c, (a, b) in enumerate(stages) if c % pp == r) for r in range(pp))
+    per_rank = [0] * pp
+    for c, (a, b) in enumerate(stages):
+        per_rank[c % pp] += b - a
+    return max(per_rank)
 
 
 def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.CandidateCost:
@@ -128,7 +133,7 @@ class _Search:
 def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tuple[Plan, ...]:
     """The best plan first, then up to ``top - 1`` runners-up of other strategies."""
     say = progress or (lambda _msg: None)
-    fixed = check_fixed(req.fixed, req.runtime)
+    fixed = check_request(req)
     req = replace(req, fixed=fixed)
     start = time.perf_counter()
     s = _bounded(req, start)
@@ -147,6 +152,19 @@ def solve(req: Request, *, progress: Callable[[str], None] | None = None) -> tup
     s.lap("runners-up")
     say(f"solved in {time.perf_counter() - start:.2f} s: {found[0][0].describe()} ({sol.status})")
     return _finish(s, found, fixed)
+
+
+def check_request(req: Request) -> dict[str, Any]:
+    """Sizes within ``ir/limits.py`` (so every loop below is bounded), then the pins alone and against
+    the model and cluster, each refused with its own rule; returns the normalized pins."""
+    dims, cl = req.graph.dims, req.cluster
+    limits.check_sizes(global_batch=req.global_batch, seq_len=req.seq_len, world=cl.world_size, layers=dims.layers)
+    limits.check_time_limit("time_limit_s", req.time_limit_s)
+    fixed = check_fixed(req.fixed, req.runtime)
+    check_pins_fit(dims, world=cl.world_size, domain=scale_up_gpus(cl), global_batch=req.global_batch,
+                   seq_len=req.seq_len, fixed=fixed, runtime=req.runtime,
+                   model_name=req.model.get("name") or dims.family)
+    return fixed
 
 
 def _bounded(req: Request, start: float) -> _Search:

@@ -30,12 +30,15 @@ inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's l
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
+import sympy
+
 from ..cost_model import TierKind
-from ..ir import InfeasibleError, ModelDims, PlanError, Schedule
+from ..ir import InfeasibleError, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
                      "tp_replicate"})  # grows as the runtime does
@@ -85,8 +88,12 @@ class Candidate:
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return tuple(sorted(set(small + [n // d for d in small])))
+    """The divisors of ``n``, ascending, from its prime factorization (``sympy.divisors``): well under a
+    millisecond for any size ``ir/limits.py`` lets through, where trial division up to sqrt(n) spun
+    without end on a mistyped cluster of 10^20 GPUs."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise PlanError(f"divisors: expected a positive integer, got {n!r}")
+    return tuple(sympy.divisors(int(n)))
 
 
 def zero_stages(runtime: frozenset[str] = RUNTIME) -> tuple[int, ...]:
@@ -94,15 +101,23 @@ def zero_stages(runtime: frozenset[str] = RUNTIME) -> tuple[int, ...]:
 
 
 def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME) -> dict[str, Any]:
+    if fixed is not None and not isinstance(fixed, dict):
+        raise PlanError(f"fixed must be a dict of pinned choices, got {type(fixed).__name__}; e.g. {{'tp': 2}}")
     fixed = dict(fixed or {})
-    unknown = sorted(set(fixed) - set(FIXED_KEYS))
+    unknown = sorted(set(fixed) - set(FIXED_KEYS), key=str)
     if unknown:
         raise PlanError(f"fixed: unknown choice(s) {unknown}; pin among {list(FIXED_KEYS)}")
+    limits.check_pins(fixed)  # every pinned degree and count a positive int within its limit
+    if "sp" in fixed and not isinstance(fixed["sp"], bool):
+        raise PlanError(f"fixed: sp={fixed['sp']!r}; expected True or False")
+    if fixed.get("sp") and fixed.get("tp") == 1:
+        raise PlanError("fixed: sp=True with tp=1; sequence parallelism splits the sequence over the tp ranks, "
+                        "so sp needs tp > 1: pin tp > 1 or leave sp unset")
     for key in ("pp", "cp", "ep"):
         if fixed.get(key, 1) != 1 and key not in runtime:
             raise PlanError(f"fixed: {key}={fixed[key]}, but the runtime cannot execute {key} > 1 yet; "
                             f"leave {key} unset or 1")
-    if "zero" in fixed and fixed["zero"] not in zero_stages(runtime):
+    if "zero" in fixed and (isinstance(fixed["zero"], bool) or fixed["zero"] not in zero_stages(runtime)):
         raise PlanError(f"fixed: zero={fixed['zero']!r}; the runtime executes ZeRO stages {zero_stages(runtime)}")
     if "recompute" in fixed and fixed["recompute"] not in ("none", "selective", "full"):
         raise PlanError(f"fixed: recompute={fixed['recompute']!r}; expected none, selective or full")
@@ -127,6 +142,19 @@ def _check_context_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None:
 
 def _check_pipeline_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None:
     """Pinned combinations the runtime cannot pipeline, said before the search finds nothing."""
+    if fixed.get("vp", 1) > 1:
+        if fixed.get("pp") == 1:
+            raise PlanError(f"fixed: vp={fixed['vp']} with pp=1; virtual stages interleave the chunks of "
+                            "pipeline ranks, so vp needs pp > 1: pin pp > 1 or leave vp unset")
+        if fixed.get("schedule", Schedule.INTERLEAVED_1F1B) != Schedule.INTERLEAVED_1F1B:
+            raise PlanError(f"fixed: vp={fixed['vp']} with schedule={fixed['schedule']}; only "
+                            f"{Schedule.INTERLEAVED_1F1B} runs virtual stages: pin that schedule or leave vp unset")
+    if fixed.get("schedule") == Schedule.INTERLEAVED_1F1B and fixed.get("vp") == 1:
+        raise PlanError(f"fixed: schedule={Schedule.INTERLEAVED_1F1B} with vp=1; interleaving needs vp > 1 "
+                        "chunks per pipeline rank: pin vp > 1 or another schedule")
+    if fixed.get("schedule") not in (None, Schedule.ONE_F_ONE_B) and fixed.get("pp") == 1:
+        raise PlanError(f"fixed: schedule={fixed['schedule']} with pp=1; a pipeline schedule needs pp > 1: "
+                        "pin pp > 1 or leave schedule unset")
     if fixed.get("zero") == 1 and fixed.get("pp", 1) > 1 and ZERO1_WITH_PP not in runtime:
         raise PlanError(f"fixed: zero=1 with pp={fixed['pp']}; the runtime has no ZeRO-1 under pipelining "
                         "(DDP breaks under torch.distributed.pipelining); pin zero 0 or 2")
@@ -180,13 +208,16 @@ def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozens
 
 
 def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tuple[Schedule, int]]:
+    """(schedule, vp) pairs; a pinned vp is offered as given (the search tries ``VIRTUAL_STAGES``)."""
     if pp == 1:
-        return [(Schedule.ONE_F_ONE_B, 1)]
-    out = ([(Schedule.ONE_F_ONE_B, 1)] if microbatches >= pp else []) + [(Schedule.GPIPE, 1)]
-    if microbatches % max(1, microbatches // pp) == 0:
-        out.append((Schedule.ZERO_BUBBLE, 1))
-    if microbatches % pp == 0:
-        out += [(Schedule.INTERLEAVED_1F1B, v) for v in VIRTUAL_STAGES if pp * v <= layers]
+        out = [(Schedule.ONE_F_ONE_B, 1)]
+    else:
+        out = ([(Schedule.ONE_F_ONE_B, 1)] if microbatches >= pp else []) + [(Schedule.GPIPE, 1)]
+        if microbatches % max(1, microbatches // pp) == 0:
+            out.append((Schedule.ZERO_BUBBLE, 1))
+        if microbatches % pp == 0:
+            vps = (fixed["vp"],) if fixed.get("vp", 1) > 1 else VIRTUAL_STAGES
+            out += [(Schedule.INTERLEAVED_1F1B, v) for v in vps if pp * v <= layers]
     return [(s, v) for s, v in out if fixed.get("schedule", s) == s and fixed.get("vp", v) == v]
 
 
@@ -231,7 +262,7 @@ def _micro_batchings(per_rank: int, fixed: dict[str, Any]) -> list[tuple[int, in
     out = []
     for mb in divisors(per_rank):
         n = per_rank // mb
-        if "micro_batch" not in fixed and (mb > MAX_MICRO_BATCH or n > MAX_MICROBATCHES):
+        if not {"micro_batch", "num_microbatches"} & set(fixed) and (mb > MAX_MICRO_BATCH or n > MAX_MICROBATCHES):
             continue
         if fixed.get("micro_batch", mb) == mb and fixed.get("num_microbatches", n) == n:
             out.append((mb, n))
