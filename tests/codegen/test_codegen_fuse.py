@@ -165,7 +165,7 @@ def test_fused_script_under_tensor_parallelism_trains_like_one_process(tmp_path)
     replicated stream and the attention output RowwiseParallel reduces (an AsyncCollectiveTensor), with
     full and selective recompute."""
     plan = _plan(dp=1, tp=2, recompute=("full", "none", "selective", "none"))
-    script = plan.emit(tmp_path / "train_tp.py", fuse=True)
+    script = plan.emit(tmp_path / "train-tp.py", fuse=True)  # kernels: train_tp_kernels.py
     assert script.read_text().count(".__class__ = Fused") == 2
     losses = _losses(_torchrun([str(script)], tmp_path, nproc=2, env=_interpret(tmp_path)))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(_reference("llama-tiny")), atol=1e-5, rtol=1e-5)
