@@ -7,6 +7,8 @@ script and ``plan.apply`` print the same losses for the same seed.
 """
 from __future__ import annotations
 
+# {name}, {summary} and {header} carry plan text: assemble passes them through codegen.safe.doc_text, so
+# that no quote, backslash or newline in them can end this docstring
 HEADER = '''"""Train {name} with the meshplan plan: {summary}.
 
 {header}
