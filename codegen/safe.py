@@ -147,8 +147,8 @@ def checked_source(source: str, filename: str, what: str) -> str:
     try:
         compile(source, filename, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # ValueError: a NUL character
-        where = f" (line {exc.lineno}: {(exc.text or '').strip()!r})" if isinstance(exc, SyntaxError) else ""
-        raise InvalidPlanError(f"{what} for {filename!r} does not compile: {exc.__class__.__name__}: "
+        where = f" (line {exc.lineno}: {(exc.text or '').strip()!r})" if getattr(exc, "lineno", None) else ""
+        raise InvalidPlanError(f"{what} does not compile: {exc.__class__.__name__}: "
                                f"{getattr(exc, 'msg', exc)}{where}; nothing was written. This is a meshplan bug or "
                                "a Program meshplan cannot print: report it with the plan file") from None
     return source
