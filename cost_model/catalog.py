@@ -1,27 +1,71 @@
-"""Cluster presets: data files ``presets/<name>.json`` and the ``NAME:NODESxGPUS`` spec.
+"""Clusters as data: preset files ``presets/<name>.json``, cluster files, and the ``NAME:NODESxGPUS`` spec.
 
-Every number in a preset is ``{"value": ..., "source": "..."}``: where it comes from (a datasheet,
-a paper, a measurement) or, for a placeholder, that it is one. ``meshplan calibrate`` writes its raw
-timings instead (schema ``meshplan.profile/1``, read by ``profile.py``); ``parse_cluster`` takes
-either a preset spec or the path of such a profile.
-A tier's ``domain_size`` is a number of ranks, ``"node"`` (= gpus_per_node) or ``"world"``.
+A cluster file and a preset are the same format (schema ``meshplan.cluster/1``); a preset is a
+cluster file that ships with meshplan. ``parse_cluster`` takes a preset spec (``h100-sxm:16x8``) or
+the path of a ``.json`` file: a cluster file, or a profile ``meshplan calibrate`` wrote (schema
+``meshplan.profile/1``, raw timings, read by ``profile.py``); the ``schema`` key tells them apart.
+
+Every number is ``{"value": ..., "source": "..."}``: where it comes from (a datasheet, a paper, a
+measurement) or, for a placeholder, that it is one. The keys::
+
+    schema            "meshplan.cluster/1"
+    name, description strings
+    nodes             nodes in the cluster (optional, 1; a spec's NODES replaces it)
+    gpus_per_node     GPUs per node; max_gpus_per_node (optional): what one node can hold
+    accelerator       a preset's name ("a100-80gb": that preset's numbers and sources), or the numbers
+                      themselves: name, peak_flops and matmul_efficiency per dtype, memory_bytes,
+                      reserved_bytes, memory_bw_Bps, memory_efficiency, attention_efficiency,
+                      kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``)
+    tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
+                      domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
+                      step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
+                      the node's links: links_per_node x link_Gbps (Gb/s per link and direction)
+                      shared by the node's GPUs; optional oversubscription (>= 1) divides it: the
+                      tier's traffic crosses switches that carry 1/oversubscription of what enters
+                      them (a fat tree's spine), description (a string)
+
+So an A100 node with 4 x 100 Gb/s links is ``links_per_node 4, link_Gbps 100`` on its scale-out
+tier (400 Gb/s / 8 GPUs = 6.25 GB/s per GPU, where the preset has 8 x 200 Gb/s = 25 GB/s); a
+rail-optimized fat tree is two scale-out tiers: the leaves (domain_size = the GPUs of the nodes
+under one leaf group, full rate) and the spine (domain "world", oversubscription 2 for 2:1).
+
+A malformed spec or file is refused with ``InvalidClusterError`` naming the field, the value and
+the rule: unknown keys, numbers that are negative, non-finite or not counts where counts are due,
+clusters above ``ir.limits.MAX_GPUS``; files are read as ``files.read_json`` reads them.
 """
 from __future__ import annotations
 
+import difflib
 import json
+import math
+import os
 import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from ..ir.errors import InvalidClusterError
+from ..ir.limits import MAX_GPUS
+from .files import read_json
 from .hardware import Accelerator, Cluster, Tier
 
 SCHEMA = "meshplan.cluster/1"
-SPEC_FORM = "NAME:NODESxGPUS, e.g. h100-sxm:16x8, or a profile PATH.json from `meshplan calibrate`"
+PROFILE_SCHEMA = "meshplan.profile/1"  # profile.SCHEMA, written by runtime/calibrate.py
+SPEC_FORM = ("NAME:NODESxGPUS, e.g. h100-sxm:16x8, or the path of a cluster file CLUSTER.json "
+             "(the presets' format) or of a profile PROFILE.json from `meshplan calibrate`")
+MAX_SPEC_CHARS = 4096  # PATH_MAX on Linux: no spec or path is longer
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(-?\d+)x(-?\d+))?$")
 _ACCEL_NUMBERS = ("memory_bytes", "reserved_bytes", "memory_bw_Bps", "memory_efficiency", "attention_efficiency",
                   "kernel_overhead_s")
+_ACCEL_COUNTS = ("compute_units", "matmul_tile_elems")
+_KEYS = {
+    "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
+                "tiers"),
+    "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS),
+    "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
+             "link_Gbps", "oversubscription"),
+    "number": ("value", "source"),
+}
 
 
 def preset_names() -> tuple[str, ...]:
@@ -46,46 +90,128 @@ def load_preset(name: str, *, nodes: int = 1, gpus_per_node: int | None = None) 
     return cluster_from_dict(preset_data(name), nodes=nodes, gpus_per_node=gpus_per_node)
 
 
-def parse_cluster(spec: str) -> Cluster:
-    """``"h100-sxm:16x8"`` -> 16 nodes of 8 H100s; a plain ``"h100-sxm"`` is one node; a path ending in
-    ``.json`` is a profile written by ``meshplan calibrate`` (``profile.py``)."""
-    if isinstance(spec, str) and spec.strip().endswith(".json"):
-        from .profile import cluster_from_profile
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
-        return cluster_from_profile(spec.strip())
-    match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
+
+def parse_cluster(spec: str | os.PathLike) -> Cluster:
+    """``"h100-sxm:16x8"`` -> 16 nodes of 8 H100s; a plain ``"h100-sxm"`` is one node; a path ending in
+    ``.json`` is a cluster file (schema ``meshplan.cluster/1``) or a profile written by ``meshplan
+    calibrate`` (``profile.py``)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise InvalidClusterError(f"cluster spec must be a string, got {type(spec).__name__}; expected {SPEC_FORM}")
+    spec = spec.strip()
+    if len(spec) > MAX_SPEC_CHARS:
+        raise InvalidClusterError(f"cluster spec {_short(spec)!r} is longer than {MAX_SPEC_CHARS} characters, "
+                                  f"more than any path; expected {SPEC_FORM}")
+    if spec.endswith(".json"):
+        return cluster_from_file(spec)
+    match = _SPEC.match(spec)
     if match is None:
-        raise InvalidClusterError(f"cluster spec {spec!r} is not of the form {SPEC_FORM}")
+        raise InvalidClusterError(f"cluster spec {_short(spec)!r} is not of the form {SPEC_FORM}")
     name, nodes, gpus = match.groups()
     if nodes is None:
         return load_preset(name)
+    for key, digits in (("nodes", nodes), ("gpus_per_node", gpus)):
+        if len(digits.lstrip("-")) > len(str(MAX_GPUS)):  # refused before int() turns 10^5 digits into a number
+            raise InvalidClusterError(f"cluster spec {_short(spec)!r}: {key} {_short(digits, 24)} exceeds the limit "
+                                      f"of {MAX_GPUS} (10^7) GPUs meshplan plans for (ir/limits.MAX_GPUS); "
+                                      "check the spec for a typo")
     return load_preset(name, nodes=int(nodes), gpus_per_node=int(gpus))
 
 
-def _number(entry: Any, where: str) -> Any:
+def cluster_from_file(path: str | os.PathLike) -> Cluster:
+    """A cluster file or a calibration profile, told apart by its ``schema``."""
+    data = read_json(path, "profile or cluster file")
+    where = f"cluster file {str(path)!r}"
+    schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
+    if schema == PROFILE_SCHEMA:
+        from .profile import cluster_from_profile
+
+        return cluster_from_profile(path)
+    if schema != SCHEMA:
+        raise InvalidClusterError(f"{where} has schema {schema!r}, expected {SCHEMA!r} (a cluster file, in the "
+                                  f"format of cost_model/presets/*.json) or {PROFILE_SCHEMA!r} (a profile: write one "
+                                  "with `meshplan calibrate --nproc N -o PROFILE.json`)")
+    return cluster_from_dict(data, spec=str(path), where=where)
+
+
+def _keys(data: Any, kind: str, where: str) -> dict[str, Any]:
+    """``data`` as an object whose keys are among ``_KEYS[kind]``."""
+    if not isinstance(data, dict):
+        raise InvalidClusterError(f"{where}: expected an object with keys among {list(_KEYS[kind])}, "
+                                  f"got {_short(repr(data))}")
+    for key in data:
+        if key not in _KEYS[kind]:
+            close = difflib.get_close_matches(str(key), _KEYS[kind], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidClusterError(f"{where}: unknown key {_short(str(key), 40)!r}; the keys of a {kind} are "
+                                      f"{list(_KEYS[kind])}{hint}")
+    return data
+
+
+def _value(entry: Any, where: str) -> Any:
+    """The ``value`` of a ``{"value", "source"}`` entry, the source checked."""
     if not isinstance(entry, dict) or "value" not in entry:
-        raise InvalidClusterError(f"{where}: expected {{\"value\": ..., \"source\": \"...\"}}, got {entry!r}")
+        raise InvalidClusterError(f"{where}: expected {{\"value\": ..., \"source\": \"...\"}}, "
+                                  f"got {_short(repr(entry))}")
+    _keys(entry, "number", where)
     if not isinstance(entry.get("source"), str) or not entry["source"].strip():
-        raise InvalidClusterError(f"{where}: every number needs a non-empty \"source\"")
+        raise InvalidClusterError(f"{where}: every number needs a non-empty \"source\" saying where it comes from")
     return entry["value"]
 
 
-def _accelerator(data: dict[str, Any], where: str) -> Accelerator:
-    per_dtype = {key: {dt: float(_number(e, f"{where}.{key}.{dt}")) for dt, e in data.get(key, {}).items()}
-                 for key in ("peak_flops", "matmul_efficiency")}
-    numbers = {key: float(_number(data.get(key), f"{where}.{key}")) for key in _ACCEL_NUMBERS}
-    counts = {key: int(_number(data.get(key), f"{where}.{key}")) for key in ("compute_units", "matmul_tile_elems")}
+def _real(entry: Any, where: str) -> float:
+    """A finite number >= 0 (each field's own rule, e.g. a fraction, is checked by the value it builds)."""
+    value = _value(entry, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidClusterError(f"{where}: value must be a finite number >= 0, got {_short(repr(value))}")
+    return float(value)
+
+
+def _count(entry: Any, where: str) -> int:
+    """A whole number from 1 to ``MAX_GPUS``."""
+    value = _value(entry, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidClusterError(f"{where}: value must be a whole number >= 1, got {_short(repr(value))}")
+    if value > MAX_GPUS:
+        raise InvalidClusterError(f"{where}: value {_short(str(value), 40)} exceeds the limit of {MAX_GPUS} "
+                                  "(10^7, ir/limits.MAX_GPUS); check it for a typo")
+    return value
+
+
+def _per_dtype(data: Any, where: str) -> dict[str, float]:
+    if not isinstance(data, dict):
+        raise InvalidClusterError(f"{where}: expected an object of dtype -> {{\"value\", \"source\"}}, "
+                                  f"got {_short(repr(data))}")
+    return {str(dt): _real(e, f"{where}.{dt}") for dt, e in data.items()}
+
+
+def _accelerator(data: Any, where: str) -> Accelerator:
+    """The accelerator of a preset named by ``data``, or built from the numbers in ``data``."""
+    if isinstance(data, str):
+        if data not in preset_names():
+            raise InvalidClusterError(f"{where}: {_short(data)!r} is not a preset; give one of "
+                                      f"{', '.join(preset_names())}, or the accelerator's numbers")
+        return _accelerator(preset_data(data)["accelerator"], f"{where} (preset {data!r})")
+    data = _keys(data, "accelerator", where)
+    per_dtype = {key: _per_dtype(data.get(key, {}), f"{where}.{key}") for key in ("peak_flops", "matmul_efficiency")}
+    numbers = {key: _real(data.get(key), f"{where}.{key}") for key in _ACCEL_NUMBERS}
+    counts = {key: _count(data.get(key), f"{where}.{key}") for key in _ACCEL_COUNTS}
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts)
 
 
-def _domain(value: Any, where: str, gpus_per_node: int, world: int) -> int:
+def _domain(entry: Any, where: str, gpus_per_node: int, world: int) -> int:
+    value = _value(entry, where)
     if value == "node":
         return gpus_per_node
     if value == "world":
         return world
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidClusterError(f"{where}: domain_size must be a positive integer, \"node\" or \"world\", "
-                                  f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
+        raise InvalidClusterError(f"{where}: domain_size must be a whole number of GPUs from 1 to {MAX_GPUS}, "
+                                  f"\"node\" or \"world\", got {_short(repr(value))}")
     if value % gpus_per_node:
         raise InvalidClusterError(f"{where}: a domain of {value} GPUs does not split into nodes of "
                                   f"{gpus_per_node} ({value} % {gpus_per_node} = {value % gpus_per_node}); "
@@ -93,15 +219,38 @@ def _domain(value: Any, where: str, gpus_per_node: int, world: int) -> int:
     return min(value, world)
 
 
-def _tiers(data: list[Any], where: str, gpus_per_node: int, world: int) -> tuple[Tier, ...]:
+def _bandwidth(t: dict[str, Any], at: str, gpus_per_node: int) -> float:
+    """Per-GPU bandwidth of a tier: given, or the node's links shared by its GPUs; over the oversubscription."""
+    links = [k for k in ("links_per_node", "link_Gbps") if k in t]
+    if ("bandwidth_Bps" in t) == bool(links) or len(links) == 1:
+        raise InvalidClusterError(f"{at}: give the bandwidth either as bandwidth_Bps (per GPU and direction) or as "
+                                  f"links_per_node and link_Gbps (per link and direction), not "
+                                  f"{sorted(k for k in t if k in ('bandwidth_Bps', *links)) or 'neither'}")
+    if "bandwidth_Bps" in t:
+        per_gpu = _real(t["bandwidth_Bps"], f"{at}.bandwidth_Bps")
+    else:
+        per_gpu = (_count(t["links_per_node"], f"{at}.links_per_node") * _real(t["link_Gbps"], f"{at}.link_Gbps")
+                   * 1e9 / 8 / gpus_per_node)
+    if "oversubscription" in t:
+        ratio = _real(t["oversubscription"], f"{at}.oversubscription")
+        if ratio < 1:
+            raise InvalidClusterError(f"{at}.oversubscription: value must be >= 1 (2 for a 2:1 fat tree), got {ratio!r}")
+        per_gpu /= ratio
+    return per_gpu
+
+
+def _tiers(data: Any, where: str, gpus_per_node: int, world: int) -> tuple[Tier, ...]:
+    if not isinstance(data, list) or not data:
+        raise InvalidClusterError(f"{where}.tiers: expected a non-empty list of tiers, inner to outer, "
+                                  f"got {_short(repr(data))}")
     tiers = []
     for i, t in enumerate(data):
         at = f"{where}.tiers[{i}]"
+        t = _keys(t, "tier", at)
         tiers.append(Tier(name=str(t.get("name", f"tier{i}")), kind=t.get("kind"),
-                          domain_size=_domain(_number(t.get("domain_size"), f"{at}.domain_size"), at,
-                                              gpus_per_node, world),
-                          bandwidth_Bps=float(_number(t.get("bandwidth_Bps"), f"{at}.bandwidth_Bps")),
-                          latency_s=float(_number(t.get("latency_s"), f"{at}.latency_s"))))
+                          domain_size=_domain(t.get("domain_size"), f"{at}.domain_size", gpus_per_node, world),
+                          bandwidth_Bps=_bandwidth(t, at, gpus_per_node),
+                          latency_s=_real(t.get("latency_s"), f"{at}.latency_s")))
     return tuple(tiers)
 
 
@@ -112,6 +261,10 @@ def _check_shape(name: str, nodes: Any, gpus: Any, max_gpus: int | None) -> None
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise InvalidClusterError(f"cluster {name!r}: gpus_per_node must be at least 1, got {gpus!r} "
                                   f"(expected form {SPEC_FORM})")
+    if nodes * gpus > MAX_GPUS:
+        raise InvalidClusterError(f"cluster {name!r}: nodes({nodes}) * gpus_per_node({gpus}) = {nodes * gpus} GPUs "
+                                  f"exceeds the limit of {MAX_GPUS} (10^7, ir/limits.MAX_GPUS) meshplan plans for; "
+                                  "check the node count for a typo")
     if max_gpus is not None and gpus > max_gpus:
         total = nodes * gpus
         hint = f"; for {total} GPUs use {name}:{total // max_gpus}x{max_gpus}" if total % max_gpus == 0 else ""
@@ -119,15 +272,22 @@ def _check_shape(name: str, nodes: Any, gpus: Any, max_gpus: int | None) -> None
                                   f"got gpus_per_node={gpus}{hint}")
 
 
-def cluster_from_dict(data: dict[str, Any], *, nodes: int = 1, gpus_per_node: int | None = None) -> Cluster:
-    """A cluster from preset/calibration data (schema ``meshplan.cluster/1``)."""
-    name = str(data.get("name", "custom"))
+def cluster_from_dict(data: Any, *, nodes: int | None = None, gpus_per_node: int | None = None, spec: str = "",
+                      where: str | None = None) -> Cluster:
+    """A cluster from preset or cluster-file data (schema ``meshplan.cluster/1``); ``nodes`` and
+    ``gpus_per_node``, where given, replace the file's (``nodes`` defaults to the file's, else 1)."""
+    name = str(data.get("name", "custom")) if isinstance(data, dict) else "custom"
+    where = where or f"cluster {name!r}"
+    data = _keys(data, "cluster", where)
     if data.get("schema") != SCHEMA:
-        raise InvalidClusterError(f"cluster {name!r}: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    gpus = _number(data.get("gpus_per_node"), f"{name}.gpus_per_node") if gpus_per_node is None else gpus_per_node
+        raise InvalidClusterError(f"{where}: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+    if gpus_per_node is None:
+        gpus_per_node = _count(data.get("gpus_per_node"), f"{where}.gpus_per_node")
+    if nodes is None:
+        nodes = _count(data["nodes"], f"{where}.nodes") if "nodes" in data else 1
     max_entry = data.get("max_gpus_per_node")
-    max_gpus = None if max_entry is None else int(_number(max_entry, f"{name}.max_gpus_per_node"))
-    _check_shape(name, nodes, gpus, max_gpus)
-    accel = _accelerator(data.get("accelerator", {}), f"{name}.accelerator")
-    tiers = _tiers(data.get("tiers", []), name, gpus, nodes * gpus)
-    return Cluster(accelerator=accel, nodes=nodes, gpus_per_node=gpus, tiers=tiers, name=name)
+    max_gpus = None if max_entry is None else _count(max_entry, f"{where}.max_gpus_per_node")
+    _check_shape(name, nodes, gpus_per_node, max_gpus)
+    accel = _accelerator(data.get("accelerator"), f"{where}.accelerator")
+    tiers = _tiers(data.get("tiers"), where, gpus_per_node, nodes * gpus_per_node)
+    return Cluster(accelerator=accel, nodes=nodes, gpus_per_node=gpus_per_node, tiers=tiers, name=name, spec=spec)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..ir.errors import InvalidClusterError
+from ..ir.limits import MAX_GPUS
 
 DTYPES = ("float32", "bfloat16", "float16", "float8")
 # elementwise ops whose time a CPU profile measures (tanh, exp, sqrt bound them, not memory): the
@@ -275,6 +276,10 @@ class Cluster:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidClusterError(f"cluster {self.name!r}: {key} must be a positive integer, got {v!r}")
+        if self.world_size > MAX_GPUS:
+            raise InvalidClusterError(f"cluster {self.name!r}: nodes({self.nodes}) * gpus_per_node({self.gpus_per_node}) = "
+                                      f"{self.world_size} GPUs exceeds the limit of {MAX_GPUS} (10^7, "
+                                      "ir/limits.MAX_GPUS) meshplan plans for; check the node count for a typo")
         object.__setattr__(self, "tiers", tuple(self.tiers))
         if not self.tiers:
             raise InvalidClusterError(f"cluster {self.name!r}: needs at least one interconnect tier")

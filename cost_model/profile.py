@@ -86,13 +86,13 @@ kind of machine is refused with the reason.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from ..ir.errors import InvalidClusterError
 from .collectives import Collective, bus_bytes, collective_time
+from .files import read_json
 from .hardware import DTYPES, TRANSCENDENTAL_OPS, Accelerator, Cluster, Tier, TierKind
 
 SCHEMA = "meshplan.profile/1"  # runtime/calibrate.py writes the same string
@@ -102,15 +102,9 @@ CHAIN_DISPATCHES = 6
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
-    """The parsed profile file, schema checked."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InvalidClusterError(f"cannot read profile {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidClusterError(f"profile {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    """The parsed profile file, schema checked; read as ``files.read_json`` reads (a regular file of
+    bounded size, UTF-8, finite numbers)."""
+    data = read_json(path, "profile")
     _check_schema(data, f"profile {str(path)!r}")
     return data
 

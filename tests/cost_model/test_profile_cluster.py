@@ -184,7 +184,7 @@ def test_unreadable_or_non_json_files(tmp_path) -> None:
     with pytest.raises(ir.InvalidClusterError, match="is not valid JSON"):
         parse_cluster(str(bad))
     preset_like = tmp_path / "preset.json"
-    preset_like.write_text(json.dumps({"schema": "meshplan.cluster/1"}))
+    preset_like.write_text(json.dumps({"schema": "meshplan.other/1"}))  # neither a cluster file nor a profile
     with pytest.raises(ir.InvalidClusterError, match="meshplan calibrate --nproc N"):
         parse_cluster(str(preset_like))
 
