@@ -26,7 +26,7 @@ def plan_kwargs_from_dict(data: Any, *, where: str) -> dict[str, Any]:
     kw["fusions"] = tuple(p.fusions)
     kw["source"] = _in_order(p.source if isinstance(p.source, dict) else p.source.model_dump(exclude_unset=True),
                              data.get("source", {}))
-    kw["structure"] = dict(p.structure)
+    kw["structure"] = _in_order(p.structure.model_dump(exclude_unset=True), data.get("structure", {}))
     if p.prediction is not None:
         kw["prediction"] = Prediction(**p.prediction.model_dump())
     if p.solver is not None:

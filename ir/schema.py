@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from .errors import InvalidPlanError, PlanError
@@ -33,6 +34,7 @@ from .graph import DTYPE_BYTES
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from .placement import parse_placement
 from .readfile import MAX_INT_DIGITS, MAX_JSON_DEPTH
+from .structure import LINEAR_KINDS, ModelStructure
 
 SCHEMA_ID = "meshplan.plan/1"
 SCHEMA_FILE = Path(__file__).with_name("plan.schema.json")
@@ -53,12 +55,10 @@ MAX_ENTRIES = 1_000  # keys of a small object (structure, phases, memory_bytes, 
 MAX_SOURCE_DEPTH, MAX_SOURCE_NODES = 16, 100_000  # an hf config or builder kwargs
 
 CLUSTER_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(\d+)x(\d+))?$")  # as cost_model/catalog.py
-IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MODULE_PATH = r"^$|^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
 PLACEMENT = r"^(R|P|S\(-?\d{1,2}\))$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
 BUILDER_TARGET = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
-_ZOO_LAYER = re.compile(r"^layers\.(\d+)(\.|$)")
 
 
 def _bounded_int(least: int, most: int) -> Any:
@@ -206,19 +206,18 @@ Source = Annotated[Union[ZooSource, HFSource, BuilderSource, ModuleSource], Fiel
 NoSource = Annotated[dict[str, Any], Field(max_length=0)]
 
 
-def _one_rule(rule: str) -> WrapValidator:
-    """A union whose members' errors read as one rule (instead of one error per member)."""
-    def wrap(value: Any, handler: Any) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("one_rule", "{rule}", {"rule": rule}) from None
-    return WrapValidator(wrap)
+def _structure_model() -> type[BaseModel]:
+    """``structure`` as ``ir.structure.ModelStructure`` holds it: its fields, each a module path (or a list
+    of them), a count or a flag; ``linear_kind`` from its closed set, ``notes`` free text."""
+    types = {"str": ModulePath, "int": Count, "bool": bool, "tuple[str, ...]": Annotated[
+        list[ModulePath], Field(max_length=MAX_ENTRIES)]}
+    special = {"linear_kind": Literal[LINEAR_KINDS], "notes": Annotated[list[Text], Field(max_length=MAX_ENTRIES)]}
+    spec = {f.name: (special.get(f.name) or types[f.type], [] if f.default == () else f.default)
+            for f in fields(ModelStructure)}
+    return create_model("Structure", __base__=_Strict, **spec)
 
 
-StructureValue = Annotated[Union[bool, Count, ModulePath, Annotated[list[ModulePath], Field(max_length=MAX_LAYERS)]],
-                           _one_rule("expected true or false, an integer >= 0, a module path (a.b.c, or \"\") "
-                                     "or a list of module paths")]
+Structure = _structure_model()
 
 
 class PlanFile(_Strict):
@@ -251,8 +250,7 @@ class PlanFile(_Strict):
     fusions: Annotated[list[Literal[FUSION_NAMES]], Field(max_length=len(FUSION_NAMES))] = []  # type: ignore[valid-type]
     dtype: Literal[TRAIN_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     source: Union[Source, NoSource] = {}
-    structure: Annotated[dict[Annotated[str, Field(max_length=200, pattern=IDENTIFIER)], StructureValue],
-                         Field(max_length=MAX_ENTRIES)] = {}
+    structure: Structure = Field(default_factory=Structure)  # type: ignore[valid-type]
     prediction: Prediction | None = None
     solver: SolverInfo | None = None
 
@@ -301,20 +299,23 @@ def _invariants(p: PlanFile):
         yield "seq_len", f"seq_len({p.seq_len}) exceeds the model's max_seq_len({cfg.max_seq_len})"
     if len(set(p.fusions)) != len(p.fusions):
         yield "fusions", "names a fusion twice"
-    zoo_model = not p.source or isinstance(p.source, ZooSource)
+    blocks = p.structure.blocks or "layers"
+    container = re.compile(rf"^{re.escape(blocks)}\.(\d+)(\.|$)")
     for name, layout in p.param_layouts.items():
         for axis, text in enumerate(layout):
             try:
                 parse_placement(text)
             except ValueError as exc:
                 yield f"param_layouts[{name!r}][{axis}]", str(exc)
-        hit = _ZOO_LAYER.match(name)
-        if zoo_model and hit and layers is not None and int(hit.group(1)) >= layers:
-            yield f"param_layouts[{name!r}]", f"names layer {hit.group(1)} but the model has layers({layers})"
-    for key, value in p.structure.items():
-        if isinstance(value, (bool, int, str)) or len(value) == len(set(value)):
-            continue
-        yield f"structure[{key!r}]", "lists a module path twice"
+        hit = container.match(name)
+        if hit and layers is not None and int(hit.group(1)) >= layers:
+            yield f"param_layouts[{name!r}]", f"names block {hit.group(1)} of {blocks} but the model has layers({layers})"
+    if len(set(p.structure.mlp_in)) != len(p.structure.mlp_in):
+        yield "structure.mlp_in", "lists a module path twice"
+    try:
+        ModelStructure(**p.structure.model_dump())
+    except InvalidPlanError as exc:
+        yield "structure", str(exc).removeprefix("structure: ")
     for key in ("config", "kwargs"):
         tree = getattr(p.source, key, None)
         if tree is not None:
@@ -333,7 +334,7 @@ def _join(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
-_DICT_FIELDS = {"param_layouts", "structure", "memory_bytes", "time_s", "comm_bytes", "phases", "config", "kwargs"}
+_DICT_FIELDS = {"param_layouts", "memory_bytes", "time_s", "comm_bytes", "phases", "config", "kwargs"}
 
 
 def _is_step(part: Any) -> bool:
@@ -371,7 +372,6 @@ def short_repr(value: Any, limit: int = 80) -> str:
 _PATTERNS = {
     PLACEMENT: "a placement: S(dim), R or P",
     MODULE_PATH: "a module path such as layers.0.attn (letters, digits and _, joined by dots)",
-    IDENTIFIER: "an identifier (letters, digits and _)",
     BUILDER_TARGET: "'package.module:function'",
     NAME: "a name of letters, digits, '.', '_' and '-'",
 }
@@ -408,7 +408,7 @@ def _rule(err: dict) -> str:
         return f"expected {ctx['expected']}"
     if kind == "union_tag_invalid":
         return f"kind must be one of {ctx['expected_tags']}"
-    if kind in ("plan_invariant", "one_rule"):
+    if kind == "plan_invariant":
         return ctx["rule"]
     return err["msg"][0].lower() + err["msg"][1:]
 
