@@ -21,7 +21,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
     src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
-    p.add_argument("--cluster", required=True, help="NAME:NODESxGPUS, e.g. h100-sxm:16x8 (or a preset name)")
+    p.add_argument("--cluster", required=True,
+                   help="NAME:NODESxGPUS, e.g. h100-sxm:16x8 (or a preset name), a cluster file CLUSTER.json (the "
+                        "presets' format) or a profile from `meshplan calibrate`")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: bfloat16 on GPUs, float32 on cpu")

@@ -34,7 +34,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
     src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
     p.add_argument("--cluster", required=True,
-                   help="NAME:NODESxGPUS (e.g. h100-sxm:16x8) or a profile written by `meshplan calibrate`")
+                   help="NAME:NODESxGPUS (e.g. h100-sxm:16x8), a cluster file CLUSTER.json (the presets' "
+                        "format) or a profile written by `meshplan calibrate`")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True)
     g = p.add_argument_group("the plan")
