@@ -1,4 +1,4 @@
-"""meshplan's plan against the expert's, for every run of ``shared/data/reference_runs.csv``.
+"""meshplan's plan against the expert's, for every run of ``bench/data/reference_runs.csv``.
 
     python bench/expert_plans.py [--all-parallelisms] [--time-limit S]
 

@@ -50,6 +50,25 @@ def test_every_preset_is_a_cluster_file(name: str) -> None:
         (preset.accelerator, preset.tiers, preset.nodes, preset.gpus_per_node)
 
 
+@pytest.mark.parametrize("name, world, net_Bps", [("a100-4x100g", 128, (6.25e9,)),
+                                                   ("h100-rail-fat-tree", 512, (50e9, 25e9))])
+def test_the_example_cluster_files_load_with_a_source_for_every_number(name, world, net_Bps) -> None:
+    path = PRESETS.parents[1] / "examples" / "clusters" / f"{name}.json"
+    cluster = parse_cluster(str(path))
+    assert cluster.world_size == world and tuple(t.bandwidth_Bps for t in cluster.tiers[1:]) == net_Bps
+
+    def unsourced(node, where=""):
+        if isinstance(node, dict):
+            if "value" in node:
+                return [] if str(node.get("source", "")).strip() else [where]
+            return [p for k, v in node.items() for p in unsourced(v, f"{where}.{k}")]
+        if isinstance(node, list):
+            return [p for i, v in enumerate(node) for p in unsourced(v, f"{where}[{i}]")]
+        return [where] if isinstance(node, (int, float)) else []
+
+    assert unsourced(json.loads(path.read_text())) == []
+
+
 def test_links_per_node_set_the_per_gpu_bandwidth_and_the_accelerator_comes_from_a_preset(tmp_path) -> None:
     cluster = parse_cluster(write(tmp_path, four_by_100g()))
     assert (cluster.nodes, cluster.gpus_per_node, cluster.world_size) == (2, 8, 16)
