@@ -158,7 +158,7 @@ def _show_experts_whole(pm: PlannedModule, model_sd: dict[str, Any], optim_sd: d
         entries = [(model_sd, originals[0], fqn)]
         entries += [(optim_sd, originals[1], key) for key, value in optim_sd.items()
                     if key.startswith(f"state.{fqn}.") and isinstance(value, torch.Tensor)
-                    and type(value) is type(param) and value.shape == param.shape]
+                    and isinstance(value, DTensor) == isinstance(param, DTensor) and value.shape == param.shape]
         for sd, kept, key in entries:
             kept[key] = sd[key]
             sd[key] = _over_ep(sd[key], group, meshes)
@@ -185,7 +185,7 @@ def _over_ep(tensor: torch.Tensor, ep_group: dist.ProcessGroup, meshes: dict[tup
     """``tensor`` (this ep rank's ``E / ep`` experts, plain or a DTensor) as a DTensor of all ``E``
     experts over the mesh ``(ep, *tensor's mesh)``, sharing ``tensor``'s storage."""
     inner = tensor.device_mesh if isinstance(tensor, DTensor) else None
-    key = (ep_group.group_name, None if inner is None else (inner.mesh.flatten().tolist(), inner.mesh_dim_names))
+    key = (ep_group.group_name, None if inner is None else (tuple(inner.mesh.flatten().tolist()), inner.mesh_dim_names))
     if key not in meshes:
         meshes[key] = _ep_mesh(ep_group, inner, tensor.device.type)
     placements = (Shard(0), *(tensor.placements if inner is not None else ()))

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from checkpoint_cases import SAVE_AT, TOTAL
+from meshplan import zoo
 from parity_support import make_plan, reference, run_ranks
 
 pytestmark = pytest.mark.slow
@@ -59,9 +60,10 @@ def _assert_continues(ranks: list[dict], got: list[dict], model: str, before: li
 def test_an_expert_parallel_checkpoint_loads_under_another_plan(ranks, case) -> None:
     saved = [r["experts"][EXPERTS["save"]["name"]] for r in ranks]
     _assert_continues(ranks, [r["experts"][case["name"]] for r in ranks], "moe-tiny", saved[0]["losses"])
-    # the save really held a quarter of the experts per rank (ep2, ZeRO-3 over edp 2), the load its own share
-    assert len({s["expert_numel"] for s in saved}) == 1
-    assert all(r["experts"][case["name"]]["expert_numel"] < saved[0]["expert_numel"] * 4 for r in ranks)
+    # the save really held a quarter of the experts per rank (ep2, then ZeRO-3 over edp 2)
+    cfg = zoo.config("moe-tiny")
+    expert_total = cfg.layers * cfg.experts * 3 * cfg.hidden * cfg.ffn_hidden
+    assert all(s["expert_numel"] == pytest.approx(expert_total / 4, rel=0.02) for s in saved)
 
 
 def test_each_checkpoint_has_a_manifest_of_its_files(ranks) -> None:
@@ -145,7 +147,7 @@ def test_a_stopped_rank_fails_the_step_and_the_restart_resumes(plan_path, straig
     stop = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1", "MESHPLAN_FAIL_HOW": "stop"}
     start = time.monotonic()
     code, out, err = _finish(_start(tmp_path, plan_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
-                                    "--max-restarts", "1", "--pg-timeout", "10", "--save-final", str(final), env=stop))
+                                    "--max-restarts", "1", "--pg-timeout", "20", "--save-final", str(final), env=stop))
     elapsed = time.monotonic() - start
     assert code == 0, out + err
     assert "injected stop before step 3" in out and "resumed from" in out and "at step 2" in out, out
