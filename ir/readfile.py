@@ -8,8 +8,9 @@ crash the parser is refused with one clear ``PlanError`` before it happens.
 * the bytes must be UTF-8 (strict), the error names the byte offset;
 * the nesting depth is counted by a bracket scan *before* ``json.loads`` (which recurses and would raise
   ``RecursionError`` on ``[[[[...]]]]``);
-* integers longer than ``max_int_digits`` are refused by a ``parse_int`` hook (CPython refuses to
-  convert more than 4,300 digits with a bare ``ValueError``, and no size in a plan needs 40);
+* integers longer than ``max_int_digits`` are refused by a ``parse_int`` hook, which never converts them
+  (CPython refuses more than 4,300 digits with a bare ``ValueError``, and no size in a plan needs 40);
+  the error names where the integer sits (``mesh.tp``);
 * ``NaN``, ``Infinity`` and numbers that overflow to infinity (``1e999``) are refused: no field of a
   plan or a model config may be non-finite.
 """
@@ -119,10 +120,12 @@ def parse_json(text: str, *, where: str, max_depth: int = MAX_JSON_DEPTH, max_in
     if depth > max_depth:
         raise error(f"{where}: JSON nested {depth} deep, more than the limit of {max_depth}")
 
-    def parse_int(digits: str) -> int:
-        if len(digits.lstrip("-")) > max_int_digits:
-            raise _Refused(f"an integer of {len(digits.lstrip('-'))} digits (limit {max_int_digits}): "
-                           f"{digits[:20]}...")
+    too_long: list[_LongInt] = []
+
+    def parse_int(digits: str) -> int | _LongInt:
+        if len(digits.lstrip("-")) > max_int_digits:  # never converted: kept as text to name its place
+            too_long.append(_LongInt(digits))
+            return too_long[-1]
         return int(digits)
 
     def parse_float(literal: str) -> float:
@@ -135,13 +138,38 @@ def parse_json(text: str, *, where: str, max_depth: int = MAX_JSON_DEPTH, max_in
         raise _Refused(f"{name} is not allowed (every number must be finite)")
 
     try:
-        return json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
+        data = json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
     except json.JSONDecodeError as exc:
         raise error(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except RecursionError:  # only if max_depth is set above the interpreter's limit
         raise error(f"{where}: JSON nested too deep to parse") from None
+    if too_long:
+        digits = too_long[0].digits.lstrip("-")
+        raise error(f"{where}: {_path_of(data, too_long[0]) or 'value'}: an integer of {len(digits)} digits "
+                    f"({digits[:12]}...), more than the limit of {max_int_digits}; no size needs that many")
+    return data
+
+
+class _LongInt:
+    """An integer literal too long to convert; stands in its place until its path is reported."""
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+
+def _path_of(value: Any, target: _LongInt, path: str = "") -> str | None:
+    """The path of ``target`` inside ``value`` (depth already bounded), e.g. ``mesh.tp`` or ``stages[1][0]``."""
+    if value is target:
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _path_of(item, target, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
 
 
 def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,

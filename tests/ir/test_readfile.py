@@ -57,7 +57,7 @@ def test_json_depth_skips_strings(text, expect) -> None:
 def test_5000_digit_integer_is_refused(tmp_path) -> None:
     path = tmp_path / "p.json"
     path.write_text(_plan_text().replace('"global_batch": 8', '"global_batch": ' + "9" * 5000))
-    _refused(path, "an integer of 5000 digits")
+    _refused(path, "p.json: global_batch: an integer of 5000 digits")
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
