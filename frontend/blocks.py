@@ -1,7 +1,7 @@
 """Repeated layers: find them, group their nodes into ``ir.Block`` values, and name their kinds.
 
-A repeated layer is a child of an ``nn.ModuleList`` (``layers.3``) that is not inside another
-repeated layer, so that a list of experts inside a layer stays part of its layer. Two layers
+A repeated layer is a child of an ``nn.ModuleList`` (``layers.3``) or an ``nn.ModuleDict``
+(torchtitan's ``layers["3"]``, also ``layers.3``) that is not inside another repeated layer, so that a list of experts inside a layer stays part of its layer. Two layers
 are of the same kind when their signatures are equal: the layer's class, its parameters (names
 relative to the layer, shapes, dtypes), and its nodes in order (kind, target, module and
 parameters relative to the layer, which inputs come from inside the layer, shapes, FLOPs, bytes).
@@ -19,21 +19,29 @@ from .lower import scope_of
 OUTSIDE = "<outside>"
 
 
-def repeated_lists(model: nn.Module) -> tuple[tuple[str, nn.ModuleList], ...]:
-    """(path, list) of every outermost ModuleList whose children all hold parameters."""
-    found: list[tuple[str, nn.ModuleList]] = []
+Container = nn.ModuleList | nn.ModuleDict
+
+
+def repeated_lists(model: nn.Module) -> tuple[tuple[str, Container], ...]:
+    """(path, container) of every outermost ModuleList or ModuleDict whose children all hold parameters."""
+    found: list[tuple[str, Container]] = []
     for path, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or not len(module):
+        if not isinstance(module, (nn.ModuleList, nn.ModuleDict)) or not len(module):
             continue
         if any(path.startswith(outer + ".") for outer, _ in found):
             continue
-        if all(any(True for _ in child.parameters()) for child in module):
+        if all(any(True for _ in child.parameters()) for _, child in module.named_children()):
             found.append((path, module))
     return tuple(found)
 
 
-def layer_paths(lists: Iterable[tuple[str, nn.ModuleList]]) -> tuple[str, ...]:
-    return tuple(f"{path}.{i}" if path else str(i) for path, layers in lists for i in range(len(layers)))
+def layers_of(container: Container) -> list[tuple[str, nn.Module]]:
+    """(key, layer) in order: "0", "1", ... for a ModuleList, the keys of a ModuleDict."""
+    return list(container.named_children())
+
+
+def layer_paths(lists: Iterable[tuple[str, Container]]) -> tuple[str, ...]:
+    return tuple(f"{path}.{key}" if path else key for path, layers in lists for key, _ in layers_of(layers))
 
 
 def rebase(name: str, old: str, new: str) -> str | None:

@@ -1,24 +1,34 @@
 """The model's transformer dimensions (``ir.ModelDims``): from its config, else from its graph.
 
 From a config (``model.config``), by field name: the zoo's ``ModelConfig`` names first, then the
-usual Hugging Face names (``CONFIG_NAMES``). From a traced graph, when there is no config:
+usual Hugging Face names (``CONFIG_NAMES``); ``head_dim`` is the config's own when it has one (it
+is not always hidden / heads: GPT-OSS has hidden 2880 and 64 heads of 64). From a traced graph,
+when there is no config:
 
-    vocab, hidden   the embedding table's (rows, columns)
+    vocab, hidden   the embedding table's (rows, columns); without an embedding, the width of the
+                    model's first input
     layers          the number of repeated layers (blocks)
-    heads, head_dim q of the first attention node, (b, heads, s, head_dim)
-    kv_heads        width of the matmul that makes attention's k, / head_dim
+    heads, head_dim q of the first attention node, (b, heads, s, head_dim); 0 without attention
+    kv_heads        width of the matmul that makes attention's k, / head_dim; when one matmul makes
+                    q, k and v (nanoGPT's c_attn, width (heads + 2 kv_heads) * head_dim), what is
+                    left of it after q's heads, halved
     ffn_hidden      a MoE leaf's expert width, else the widest matmul of the first layer that does
                     not feed its attention
     family          "moe" with a MoE leaf, "llama" with rms_norm, "gpt" with layer_norm, else "custom"
+
+The cost model knows the families "gpt", "llama" and "moe"; a Hugging Face ``model_type`` ("mixtral",
+"qwen3", "gpt2") is mapped to one of them (``normalized_family``): "moe" with experts, else "llama"
+for a gated MLP (two input projections, or a SiLU config), "gpt" for one.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy
 
-from ..ir import Block, ModelDims, Node, OpKind, Param, UnsupportedModelError
+from ..ir import Block, ModelDims, ModelStructure, Node, OpKind, Param, UnsupportedModelError
 from .leaves import LeafCost
 
 CONFIG_NAMES: Mapping[str, tuple[str, ...]] = {
@@ -33,6 +43,7 @@ CONFIG_NAMES: Mapping[str, tuple[str, ...]] = {
     "top_k": ("top_k", "num_experts_per_tok"),
 }
 _REQUIRED = ("layers", "hidden", "heads", "vocab")
+FAMILIES = ("gpt", "llama", "moe")
 
 
 def _lookup(config: Any, names: Sequence[str]) -> Any:
@@ -51,9 +62,32 @@ def dims_from_config(config: Any) -> ModelDims:
         raise UnsupportedModelError(f"the model's config ({type(config).__name__}) lacks {missing} (looked for "
                                     f"{looked}); give it those fields, or remove .config to infer them by tracing")
     heads, hidden = values["heads"], values["hidden"]
-    return ModelDims(family=str(values["family"] or "custom"), layers=values["layers"], hidden=hidden, heads=heads,
+    if values["experts"]:  # Qwen-MoE: the experts' width has its own name
+        values["ffn_hidden"] = _lookup(config, ("moe_intermediate_size",)) or values["ffn_hidden"]
+    head_dim = _lookup(config, ("head_dim",))
+    return ModelDims(family=_config_family(config, values), layers=values["layers"], hidden=hidden, heads=heads,
                      kv_heads=values["kv_heads"] or heads, ffn_hidden=values["ffn_hidden"] or 4 * hidden,
-                     vocab=values["vocab"], experts=values["experts"] or 0, top_k=values["top_k"] or 0)
+                     vocab=values["vocab"], experts=values["experts"] or 0, top_k=values["top_k"] or 0,
+                     head_dim=head_dim if isinstance(head_dim, int) and head_dim > 0 else 0)
+
+
+def _config_family(config: Any, values: Mapping[str, Any]) -> str:
+    family = str(values["family"] or "custom")
+    if family in FAMILIES or _lookup(config, ("family",)) is not None or family == "custom":
+        return family  # the config's own family is kept; a Hugging Face model_type is mapped
+    if values["experts"]:
+        return "moe"
+    act = str(_lookup(config, ("hidden_act", "activation_function", "hidden_activation")) or "")
+    return "gpt" if act.startswith("gelu") else "llama"
+
+
+def normalized_family(dims: ModelDims, structure: ModelStructure) -> ModelDims:
+    """A family the cost model knows, from the structure when the config or graph left "custom"."""
+    if dims.family in FAMILIES:
+        return dims
+    family = ("moe" if structure.experts else "llama" if len(structure.mlp_in) == 2
+              else "gpt" if len(structure.mlp_in) == 1 and structure.attn else dims.family)
+    return dataclasses.replace(dims, family=family)
 
 
 def dims_of(model: Any) -> ModelDims:
@@ -88,10 +122,20 @@ def _upstream(start: str, by_name: Mapping[str, Node]) -> list[Node]:
     return order
 
 
+def _projection(attn: Node, index: int, by_name: Mapping[str, Node]) -> Node | None:
+    """The nearest matmul upstream of attention's input ``index`` (0: q, 1: k, 2: v)."""
+    start = attn.inputs[index] if len(attn.inputs) > index else ""
+    return next((n for n in _upstream(start, by_name) if n.op == OpKind.MATMUL), None)
+
+
 def _kv_heads(attn: Node, by_name: Mapping[str, Node], head_dim: int, heads: int) -> int:
-    k_input = attn.inputs[1] if len(attn.inputs) > 1 else ""
-    proj = next((n for n in _upstream(k_input, by_name) if n.op == OpKind.MATMUL), None)
-    return _int(proj.outputs[0].shape[-1], "kv_heads") // head_dim if proj else heads
+    q_proj, k_proj = _projection(attn, 0, by_name), _projection(attn, 1, by_name)
+    if k_proj is None:
+        return heads
+    width = _int(k_proj.outputs[0].shape[-1], "kv_heads") // head_dim
+    if k_proj is q_proj:  # one fused matmul makes q, k and v: width = heads + 2 * kv_heads
+        return (width - heads) // 2
+    return width
 
 
 def _ffn_hidden(block: Block, attn: Node, by_name: Mapping[str, Node], leaf_costs: Mapping[str, LeafCost]) -> int:
@@ -123,11 +167,8 @@ def infer_dims(nodes: Sequence[Node], params: Sequence[Param], blocks: Sequence[
     shapes = {p.name: p.shape for p in params}
     embed = next((n for n in nodes if n.op == OpKind.EMBEDDING and n.params), None)
     attn = next((n for n in nodes if n.op == OpKind.ATTENTION), None)
-    lacking = [what for what, found in (("no embedding", embed), ("no attention op", attn),
-                                        ("no repeated layers (children of an nn.ModuleList)", blocks)) if not found]
-    if lacking:
-        raise UnsupportedModelError(f"cannot infer the model's dimensions: the graph has {', '.join(lacking)}; "
-                                    f"give the model a .config with fields {', '.join(CONFIG_NAMES)}")
+    if attn is None or embed is None or not blocks:
+        return _plain_dims(nodes, shapes, blocks, embed)
     vocab, hidden = shapes[embed.params[0]][:2]
     q = attn.input_metas[0].shape  # (b, heads, s, head_dim)
     heads, head_dim = _int(q[-3], "heads"), _int(q[-1], "head_dim")
@@ -135,4 +176,21 @@ def infer_dims(nodes: Sequence[Node], params: Sequence[Param], blocks: Sequence[
     return ModelDims(family=_family(nodes, leaf_costs), layers=len(blocks), hidden=hidden, heads=heads,
                      kv_heads=_kv_heads(attn, by_name, head_dim, heads),
                      ffn_hidden=_ffn_hidden(blocks[0], attn, by_name, leaf_costs), vocab=vocab,
-                     experts=costs[0].experts if costs else 0, top_k=costs[0].top_k if costs else 0)
+                     experts=costs[0].experts if costs else 0, top_k=costs[0].top_k if costs else 0,
+                     head_dim=head_dim)
+
+
+def _plain_dims(nodes: Sequence[Node], shapes: Mapping[str, tuple[int, ...]], blocks: Sequence[Block],
+                embed: Node | None) -> ModelDims:
+    """A model without attention or token embedding (an MLP stack on float inputs): no heads (0), hidden
+    the embedding's width or the first input's last dim, ffn_hidden the widest matmul."""
+    if embed is not None:
+        vocab, hidden = shapes[embed.params[0]][:2]
+    else:
+        first = next((n for n in nodes if n.target == "input"), None)
+        last = first.outputs[0].shape[-1] if first is not None and first.outputs[0].shape else 0
+        vocab, hidden = 0, int(last) if getattr(last, "is_Integer", False) else 0
+    widths = [int(n.outputs[0].shape[-1]) for n in nodes if n.op == OpKind.MATMUL and n.params
+              and getattr(n.outputs[0].shape[-1], "is_Integer", False)]
+    return ModelDims(family="custom", layers=len(blocks), hidden=hidden, heads=0, kv_heads=0,
+                     ffn_hidden=max(widths, default=0), vocab=vocab)

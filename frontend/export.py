@@ -1,8 +1,9 @@
 """Run torch.export (non-strict) on a meta copy of the model, with untraceable modules as leaves.
 
 The steps: copy the model onto the meta device without touching its weights (a deep copy whose
-memo maps every parameter and buffer to an empty meta tensor of the same shape), export it on a
-(batch, seq) token input whose two sizes are dynamic, and, when tracing fails inside a module
+memo maps every parameter and buffer to an empty meta tensor of the same shape), export it on its
+example inputs (``inputs``: token ids, Hugging Face keywords or the user's tensors) whose batch and
+sequence sizes are dynamic, and, when tracing fails inside a module
 whose class has a leaf rule, make that class a leaf and try again. A failure anywhere else becomes
 an ``UnsupportedModelError`` naming the module where it happened.
 """
@@ -18,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.export import Dim, ExportedProgram
+from torch.export import ExportedProgram
 
 from ..ir import UnsupportedModelError
+from .inputs import Inputs
 from .leaves import Leaf, LeafRule, patch_leaves, qualname, rule_of
 
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export")
@@ -31,6 +33,7 @@ class Exported:
     program: ExportedProgram
     leaves: Mapping[str, Leaf]  # module path -> the leaf standing for it
     model: nn.Module  # the meta copy that was traced
+    sequence: bool = True  # dim 1 of the first input is the sequence
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -45,14 +48,6 @@ def meta_copy(model: nn.Module) -> nn.Module:
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = torch.empty_like(value, device="meta")
     return copy.deepcopy(model, memo)
-
-
-def example_sizes(batch: int, seq_len: int, max_seq_len: int | None) -> tuple[int, int]:
-    """Example sizes for export: at least 2 (torch specializes sizes 0 and 1), and batch != seq so
-    that the two never share a symbol; within the model's max_seq_len when it has one."""
-    seq = max(2, min(seq_len, max_seq_len) if max_seq_len else seq_len)
-    b = max(2, batch)
-    return (b + 1 if b == seq else b), seq
 
 
 @contextlib.contextmanager
@@ -90,41 +85,45 @@ def _module_stack(err: BaseException, paths: Mapping[int, str]) -> list[str]:
     return stack
 
 
-def _unsupported(err: Exception, path: str, module: nn.Module) -> UnsupportedModelError:
+_INPUT_NAMES = {"tokens": "(batch, seq) token ids", "huggingface": "input_ids=(batch, seq) token ids, use_cache=False",
+                "example_inputs": "the example_inputs"}
+
+
+def _unsupported(err: Exception, path: str, module: nn.Module, inputs: Inputs) -> UnsupportedModelError:
     summary = " ".join(str(err).strip().splitlines()[:1])[:300] or type(err).__name__
     cls = qualname(type(module))
     where = f"module {path!r} ({cls})" if path else f"the model's own forward ({cls})"
     return UnsupportedModelError(
-        f"cannot trace {where} on the meta device: {type(err).__name__}: {summary}. meshplan traces with "
+        f"cannot trace {where} on the meta device with {_INPUT_NAMES[inputs.kind]}: {type(err).__name__}: "
+        f"{summary}. meshplan traces with "
         "torch.export (non-strict) on meta tensors, so a forward must not branch on tensor values or make "
         "shapes from them (e.g. `if x.sum() > 0`, `.item()`, `.tolist()`, `nonzero`). Rewrite that part "
         f"(torch.cond, static shapes), or keep the module whole with a leaf rule: "
         f"trace(model, leaf_rules={{{cls!r}: LeafRule(op=..., cost=...)}}).")
 
 
-def _export_once(model: nn.Module, tokens: torch.Tensor) -> ExportedProgram:
-    dynamic = ({0: Dim.AUTO, 1: Dim.AUTO},)
+def _export_once(model: nn.Module, inputs: Inputs) -> ExportedProgram:
     with _quiet() as held:
-        program = torch.export.export(model, (tokens,), dynamic_shapes=dynamic, strict=False)
+        program = torch.export.export(model, inputs.args, dict(inputs.kwargs), dynamic_shapes=inputs.dynamic,
+                                      strict=False)
     sys.stderr.write(held.getvalue())
     return program
 
 
-def export_meta(model: nn.Module, *, batch: int, seq: int, rules: Mapping[str, LeafRule]) -> Exported:
-    """Export a meta copy of ``model`` on (batch, seq) tokens, making leaves of failing ruled modules."""
+def export_meta(model: nn.Module, *, inputs: Inputs, rules: Mapping[str, LeafRule]) -> Exported:
+    """Export a meta copy of ``model`` on ``inputs``, making leaves of failing ruled modules."""
     copied = meta_copy(model)
     paths = {id(m): p for p, m in copied.named_modules()}
     modules = dict(copied.named_modules())
-    tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     leaf_classes: frozenset[str] = frozenset()
     while True:
         leaves = patch_leaves(copied, leaf_classes, rules)
         try:
-            return Exported(program=_export_once(copied, tokens), leaves=leaves, model=copied)
+            return Exported(program=_export_once(copied, inputs), leaves=leaves, model=copied, sequence=inputs.sequence)
         except Exception as err:  # noqa: BLE001 - every failure becomes an UnsupportedModelError
             stack = _module_stack(err, paths) or [""]
             ruled = [rule_of(modules[p], rules) for p in reversed(stack) if p]
             new = [found[0] for found in ruled if found is not None and found[0] not in leaf_classes]
             if not new:
-                raise _unsupported(err, stack[-1], modules[stack[-1]]) from None
+                raise _unsupported(err, stack[-1], modules[stack[-1]], inputs) from None
             leaf_classes = leaf_classes | {new[0]}

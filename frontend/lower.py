@@ -28,7 +28,7 @@ from torch import fx
 from ..ir import Node, OpKind, TensorMeta, UnsupportedModelError
 from .export import Exported
 from .leaves import Leaf, LeafCost
-from .op_rules import rule_for, op_bytes
+from .op_rules import FOREIGN_MATMULS, rule_for, op_bytes
 from .symbolic import SymbolMap
 
 
@@ -181,7 +181,7 @@ class _Lowering:
         target = node.target
         op_name = getattr(target, "_opname", getattr(target, "__name__", str(target)))
         is_aten = isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
-        rule = rule_for(op_name if is_aten else "")
+        rule = rule_for(op_name if is_aten or op_name in FOREIGN_MATMULS else "")
         reads = self.inputs_of(node)
         path = module_path_of(node)
         self.emit(node.name, Node(
@@ -210,9 +210,9 @@ class _Lowering:
 def lower(exported: Exported, scopes: frozenset[str]) -> Lowered:
     """The exported program as IR nodes in topological order; ``scopes`` are the repeated layers."""
     graph = exported.program.graph
-    user = [n for n in graph.nodes if n.op == "placeholder"
+    user = [n for n in graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
             and n.name in exported.program.graph_signature.user_inputs]
-    symbols = SymbolMap.from_tokens(user[0].meta["val"])
+    symbols = SymbolMap.from_tokens(user[0].meta["val"], exported.sequence)
     state = _Lowering(exported=exported, symbols=symbols, scopes=scopes,
                       canonical=canonical_params(exported.model))
     for node in graph.nodes:

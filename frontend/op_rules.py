@@ -3,7 +3,8 @@
 FLOPs count a multiply-add as 2 and follow the usual MFU accounting (Kaplan et al. 2020, sec 2.1;
 Chowdhery et al. 2022, app. B):
 
-    matmul      (..., m, k) @ (k, n)               2 * (...) * m * k * n      (+ m * n for a bias)
+    matmul      (..., m, k) @ (k, n)               2 * (...) * m * k * n      (+ m * n for a bias); a
+                grouped matmul (m, k) rows, each times its expert's (k, n), the same 2 * m * k * n
     attention   q (b, H, sq, d), k/v (b, H, sk, d) 2 * b*H*sq*sk*d  (q k^T) + 2 * b*H*sq*sk*d_v  (p v)
                                                    = 4 * b * H * s^2 * d; the full s^2 is counted for
                                                    causal attention too, as MFU figures (PaLM's 12*L*H*Q*T
@@ -81,7 +82,7 @@ _COPIES = """cat stack repeat_interleave repeat clone contiguous index_select ga
 _REDUCTIONS = "sum mean amax amin max min var std var_mean prod linalg_vector_norm norm logsumexp cumsum"
 
 RULES: dict[str, OpRule] = {
-    **_rules(OpKind.MATMUL, _matmul(0, None), "mm bmm matmul"),
+    **_rules(OpKind.MATMUL, _matmul(0, None), "mm bmm matmul _grouped_mm grouped_mm grouped_mm_fallback"),
     **_rules(OpKind.MATMUL, _matmul(0, 2), "linear"),
     **_rules(OpKind.MATMUL, _matmul(1, 0), "addmm baddbmm"),
     **_rules(OpKind.ATTENTION, _attention, """scaled_dot_product_attention _scaled_dot_product_flash_attention
@@ -99,6 +100,9 @@ RULES: dict[str, OpRule] = {
     **_rules(OpKind.REDUCTION, _per_in, _REDUCTIONS),
 }
 OTHER = OpRule(kind=OpKind.OTHER, flops=_zero)
+# ops outside aten that are known matmuls: Hugging Face's grouped expert matmul on CPU and meta
+# (transformers::grouped_mm_fallback, (m, k) rows each times its expert's (k, n) -> (m, n))
+FOREIGN_MATMULS = frozenset({"grouped_mm_fallback"})
 
 
 def rule_for(op_name: str) -> OpRule:

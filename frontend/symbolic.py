@@ -63,10 +63,12 @@ class SymbolMap:
     _cache: dict = field(default_factory=dict)
 
     @classmethod
-    def from_tokens(cls, tokens: torch.Tensor) -> "SymbolMap":
-        """tokens: the fake (b, s) token tensor export saw as the user input."""
+    def from_tokens(cls, tokens: torch.Tensor, sequence: bool = True) -> "SymbolMap":
+        """tokens: the first fake input export saw, (b, s, ...) token ids or (b, ...) for a model whose
+        input has no sequence (``sequence=False``)."""
         symbols = {}
-        for size, ir_symbol, what in zip(tokens.shape, (BATCH, SEQ), ("batch", "sequence")):
+        named = (BATCH, SEQ) if sequence else (BATCH,)
+        for size, ir_symbol, what in zip(tokens.shape, named, ("batch", "sequence")):
             expr = size.node.expr if isinstance(size, torch.SymInt) else None
             if not isinstance(expr, sympy.Symbol):
                 raise UnsupportedModelError(

@@ -1,25 +1,30 @@
-"""``trace``: an ``nn.Module`` taking (batch, seq) token ids to logits -> an ``ir.Graph``.
+"""``trace``: an ``nn.Module`` -> an ``ir.Graph`` with its ``ModelStructure``.
 
-The order: find the repeated layers; when they are all alike, export a copy with two of them and
-replicate the second (``fastpath``), else export the whole model; lower the aten graph to IR nodes
-(``lower``); group the nodes into blocks with kinds (``blocks``); list every parameter of the
-user's model; take the dimensions from the model's config or the graph (``dims``). The model is
-never run on real data and never changed: export runs on a meta copy.
+The model takes (batch, seq) token ids, Hugging Face keywords, or the user's example inputs
+(``inputs``). The order: find the repeated layers; when they are all alike, export a copy with two
+of them and replicate the second (``fastpath``), else export the whole model; lower the aten graph
+to IR nodes (``lower``); group the nodes into blocks with kinds (``blocks``); list every parameter
+of the user's model; find the role of each module by dataflow (``structure``); take the dimensions
+from the model's config or the graph (``dims``). The model is never run on real data and never
+changed: export runs on a meta copy.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from ..ir import Graph, ModelDims, Node, Param, UnsupportedModelError
-from .blocks import build_blocks, layer_paths, repeated_lists
-from .dims import dims_from_config, infer_dims
-from .export import example_sizes, export_meta
+from ..ir import Graph, ModelDims, ModelStructure, Node, Param, UnsupportedModelError
+from .blocks import Container, build_blocks, layer_paths, layers_of, repeated_lists
+from .dims import dims_from_config, infer_dims, normalized_family
+from .export import export_meta
 from .fastpath import fast_path_list, replicate, truncated
+from .inputs import ExampleInputs, Inputs, make_inputs
 from .leaves import LEAF_RULES, LeafCost, LeafRule
 from .lower import lower
+from .structure import find_structure
 from .symbolic import dtype_name
 
 
@@ -29,26 +34,26 @@ def graph_params(model: nn.Module) -> tuple[Param, ...]:
                  for name, p in model.named_parameters())
 
 
-def _layer_classes(lists: Sequence[tuple[str, nn.ModuleList]]) -> tuple[type, ...]:
-    return tuple(type(layer) for _, layers in lists for layer in layers)
+def _layer_classes(lists: Sequence[tuple[str, Container]]) -> tuple[type, ...]:
+    return tuple(type(layer) for _, layers in lists for _, layer in layers_of(layers))
 
 
-def _trace_nodes(model: nn.Module, lists: Sequence[tuple[str, nn.ModuleList]], sizes: tuple[int, int],
+def _trace_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], inputs: Inputs,
                  rules: Mapping[str, LeafRule]) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]]:
-    exported = export_meta(model, batch=sizes[0], seq=sizes[1], rules=rules)
+    exported = export_meta(model, inputs=inputs, rules=rules)
     lowered = lower(exported, frozenset(layer_paths(lists)))
     return lowered.nodes, lowered.leaf_costs
 
 
-def _fast_nodes(model: nn.Module, lists: Sequence[tuple[str, nn.ModuleList]], sizes: tuple[int, int],
+def _fast_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], inputs: Inputs,
                 rules: Mapping[str, LeafRule]) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]] | None:
     """Nodes of the whole model from a two-layer trace, or None when the fast path does not apply."""
     list_path = fast_path_list(lists)
     if list_path is None:
         return None
     short = truncated(model, list_path, keep=2)
-    nodes, costs = _trace_nodes(short, repeated_lists(short), sizes, rules)
-    full = replicate(nodes, list_path, len(lists[0][1]), _layer_classes(lists))
+    nodes, costs = _trace_nodes(short, repeated_lists(short), inputs, rules)
+    full = replicate(nodes, layer_paths(lists), _layer_classes(lists))
     return None if full is None else (full, costs)
 
 
@@ -58,19 +63,21 @@ def _graph_dtype(params: Sequence[Param]) -> str:
 
 
 def _dims(model: nn.Module, nodes: Sequence[Node], params: Sequence[Param], blocks: Sequence,
-          leaf_costs: Mapping[str, LeafCost]) -> ModelDims:
+          leaf_costs: Mapping[str, LeafCost], structure: ModelStructure) -> ModelDims:
     config = getattr(model, "config", None)
-    if config is not None:
-        return dims_from_config(config)
-    return infer_dims(nodes, params, blocks, leaf_costs)
+    dims = dims_from_config(config) if config is not None else infer_dims(nodes, params, blocks, leaf_costs)
+    return normalized_family(dims, structure)
 
 
-def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, fast: bool = True,
-          leaf_rules: Mapping[str, LeafRule] | None = None) -> Graph:
+def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_inputs: ExampleInputs | None = None,
+          sequence: bool | None = None, fast: bool = True, leaf_rules: Mapping[str, LeafRule] | None = None) -> Graph:
     """The model's forward pass as an ``ir.Graph`` whose shapes, FLOPs and bytes are expressions in
-    ``ir.BATCH`` and ``ir.SEQ``.
+    ``ir.BATCH`` and ``ir.SEQ``, with ``graph.structure`` the role of each module (``find_structure``).
 
     ``batch`` and ``seq_len`` are the example sizes export traces at (the result holds for all sizes);
+    ``example_inputs`` (a tuple of tensors, or a callable (batch, seq) -> tuple) replaces the default
+    (batch, seq) token ids: dim 0 of each is the batch, dim 1 the sequence when ``sequence`` (by
+    default: the first input is integer (b, s) ids or a float tensor of 3 or more dims);
     ``fast=False`` traces every layer even when they are alike; ``leaf_rules`` adds to (or overrides)
     ``LEAF_RULES``, keyed by a module class's ``module.qualname``.
     """
@@ -78,14 +85,21 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, fast: bool = 
         raise UnsupportedModelError(f"trace takes an nn.Module, got {type(model).__name__}")
     rules = {**LEAF_RULES, **(leaf_rules or {})}
     lists = repeated_lists(model)
-    sizes = example_sizes(batch, seq_len, getattr(getattr(model, "config", None), "max_seq_len", None))
-    traced = _fast_nodes(model, lists, sizes, rules) if fast else None
-    nodes, leaf_costs = traced or _trace_nodes(model, lists, sizes, rules)
+    inputs = make_inputs(model, batch=batch, seq_len=seq_len, example_inputs=example_inputs, sequence=sequence)
+    traced = _fast_nodes(model, lists, inputs, rules) if fast else None
+    nodes, leaf_costs = traced or _trace_nodes(model, lists, inputs, rules)
     params = graph_params(model)
     _check_params(nodes, params)
     blocks = build_blocks(nodes, params, layer_paths(lists), _layer_classes(lists))
-    dims = _dims(model, nodes, params, blocks, leaf_costs)
-    return Graph(nodes=nodes, params=params, blocks=blocks, dims=dims, dtype=_graph_dtype(params))
+    graph = Graph(nodes=nodes, params=params, blocks=blocks, dims=_placeholder_dims(), dtype=_graph_dtype(params))
+    structure = find_structure(model, graph)
+    dims = _dims(model, nodes, params, blocks, leaf_costs, structure)
+    return dataclasses.replace(graph, dims=dims, structure=structure)
+
+
+def _placeholder_dims() -> ModelDims:
+    """Dims for the structure search, which reads nodes and parameters only."""
+    return ModelDims(family="custom", layers=0, hidden=0, heads=0, kv_heads=0, ffn_hidden=0, vocab=0)
 
 
 def _check_params(nodes: Sequence[Node], params: Sequence[Param]) -> None:

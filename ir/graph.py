@@ -12,6 +12,8 @@ from functools import cached_property
 
 import sympy
 
+from .structure import ModelStructure
+
 BATCH = sympy.Symbol("b", positive=True, integer=True)
 SEQ = sympy.Symbol("s", positive=True, integer=True)
 
@@ -121,10 +123,11 @@ class ModelDims:
     vocab: int
     experts: int = 0
     top_k: int = 0
+    head_dim: int = 0  # the attention head width; 0 means hidden // heads (not always so: GPT-OSS 2880 / 64 heads of 64)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads if self.heads else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +137,7 @@ class Graph:
     blocks: tuple[Block, ...]
     dims: ModelDims
     dtype: str = "float32"
+    structure: ModelStructure | None = None  # the roles the frontend found (``frontend.trace`` fills it)
     _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

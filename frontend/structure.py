@@ -1,0 +1,96 @@
+"""``find_structure``: the role of each module of a user's model, from the traced graph's dataflow.
+
+Names are never read for meaning; a module's path is only what the roles point at. In the first
+block (a child of the repeated container, ``blocks``), and then outside the blocks:
+
+    projection  a matmul that reads a parameter of 2 or more dims; its module is the node's own when
+                that module holds parameters, else the parameter's owner (a tied head is ``lm_head``)
+    q, k, v     the nearest projection upstream of the attention op's inputs 0, 1, 2; one projection
+                for all three is ``qkv`` (fused); ``o`` the nearest projection downstream of it;
+                ``attn`` the deepest module holding those and the attention op
+    norm        the nearest module upstream of a projection's input (not past another projection)
+                that runs a norm op, or a reduction and a 1-D parameter (Hugging Face's RMSNorm)
+    experts     the leaf op's module (data-dependent routing) or the owner of the 3-D parameters
+                that matmuls read; E its experts (dim 0, or the ModuleList's length)
+    router      a projection with E outputs that feeds the experts (inside a MoE leaf: its 2-D
+                parameter with E rows)
+    mlp_in/out  the other projections of the block not upstream of attention: those downstream of
+                none of the others are the inputs (gate, up / fc), the one downstream is the output
+    embed       an embedding read by the model's first input; ``pos_embed`` an embedding whose
+                indices do not come from it (``arange``)
+    head        the last projection after the blocks; ``tied_head`` when it reads the embedding's
+                parameter; ``final_norm`` the norm before it
+    head_dim    the last dim of the attention op's q; ``linear_kind`` "conv1d" when a projection's
+                weight is (in, out) (GPT-2's ``Conv1D``: ``addmm(bias, x, weight)``)
+
+What is not found is left empty, with a note (module path, reason, what it costs the plan).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from torch import nn
+
+from ..ir import Block, Graph, ModelStructure, Node, OpKind
+from .flow import Flow, owner
+from .structure_block import block_roles
+
+_NO_BLOCKS = ("no repeated block (an nn.ModuleList or nn.ModuleDict of alike layers holding parameters) was "
+              "found; tensor and pipeline parallelism are not offered, data parallelism and ZeRO are")
+
+
+def _container(blocks: Sequence[Block]) -> tuple[str, tuple[Block, ...], list[str]]:
+    """The container holding the most blocks, its blocks, and notes about any other container."""
+    groups: dict[str, list[Block]] = defaultdict(list)
+    for b in blocks:
+        groups[owner(b.name)].append(b)
+    if not groups:
+        return "", (), [_NO_BLOCKS]
+    path = max(groups, key=lambda p: len(groups[p]))
+    others = [f"{p}: {len(bs)} more repeated blocks besides {path!r}; plans split only {path!r}"
+              for p, bs in groups.items() if p != path]
+    return path, tuple(groups[path]), others
+
+
+def find_structure(model: nn.Module, graph: Graph) -> ModelStructure:
+    """The roles of the model's modules (module docstring)."""
+    flow = Flow(model, graph)
+    container, blocks, notes = _container(graph.blocks)
+    roles: dict = {}
+    if blocks:
+        roles, block_notes = block_roles(flow, blocks[0], container)
+        notes += block_notes
+        kinds = {b.kind for b in blocks}
+        if len(kinds) > 1:
+            notes.append(f"{container}: blocks of {len(kinds)} kinds ({', '.join(sorted(kinds))}); roles are those "
+                         f"of {blocks[0].name}, and plans treat the other kinds by their graph only")
+    outer = _outer_roles(flow, graph, blocks)
+    return ModelStructure(blocks=container, num_blocks=len(blocks), **outer, **roles, notes=tuple(notes))
+
+
+def _outer_roles(flow: Flow, graph: Graph, blocks: Sequence[Block]) -> dict:
+    """Embedding, position embedding, final norm and head: the roles outside the blocks."""
+    inside = {n for b in graph.blocks for n in b.nodes}
+    outside = {n.name for n in graph.nodes if n.name not in inside}
+    inputs = {n.name for n in graph.nodes if n.target == "input"}
+    out: dict = {}
+    embeds = [n for n in graph.nodes if n.name in outside and n.op == OpKind.EMBEDDING and n.params]
+
+    def reads_input(node: Node) -> bool:
+        return bool(inputs & set(node.inputs)) or any(u.name in inputs for u in flow.walk(node.inputs, None, up=True))
+    token = next((e for e in embeds if reads_input(e)), None)
+    if token is None:
+        return out
+    out["embed"] = flow.module_of(token)
+    pos = next((e for e in embeds if e is not token and not reads_input(e)), None)
+    if pos is not None:
+        out["pos_embed"] = flow.module_of(pos)
+    last_block = max((flow.order[n] for b in blocks for n in b.nodes), default=flow.order[token.name])
+    heads = [n for n in graph.nodes if n.name in outside and flow.order[n.name] > last_block and flow.is_projection(n)]
+    if heads:
+        head = heads[-1]
+        out["head"] = flow.module_of(head)
+        out["tied_head"] = flow.weight(head) in token.params
+        out["final_norm"] = flow.norm_before(head, outside)
+    return out

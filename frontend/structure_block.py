@@ -1,0 +1,176 @@
+"""The roles inside one repeated block: attention, its projections and norm, the MLP or the experts.
+
+The rules are those of ``structure``'s docstring; paths come back relative to the block
+(``self_attn.q_proj``), and what cannot be used becomes a note naming ``{container}.*.{path}``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir import Block, Node, OpKind
+from .blocks import rebase
+from .flow import Flow, common_module, owner
+
+
+class _Block:
+    """One block's nodes and how to name its modules."""
+
+    def __init__(self, flow: Flow, block: Block, container: str) -> None:
+        self.flow = flow
+        self.block = block
+        self.within = set(block.nodes)
+        self.nodes = [flow.by_name[n] for n in block.nodes]
+        self.star = f"{container}.*" if container else "*"
+
+    def rel(self, path: str) -> str:
+        found = rebase(path, self.block.name, "") if path else None
+        return found.lstrip(".") if found is not None else ""
+
+    def where(self, rel: str) -> str:
+        return f"{self.star}.{rel}" if rel else self.star
+
+    def upstream(self, node: Node) -> set[str]:
+        return {n.name for n in self.flow.walk([node.name], self.within, up=True)}
+
+    def downstream(self, node: Node) -> set[str]:
+        return {n.name for n in self.flow.walk([node.name], self.within, up=False)}
+
+
+def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[str]]:
+    """The role fields of ``ModelStructure`` found in ``block``, and notes."""
+    b = _Block(flow, block, container)
+    roles: dict = {}
+    notes: list[str] = []
+    attn = next((n for n in b.nodes if n.op == OpKind.ATTENTION), None)
+    taken: set[str] = set()
+    if attn is None:
+        notes.append(f"{b.star}: no attention op (scaled_dot_product_attention) in the block; tensor parallelism "
+                     "of attention is not offered")
+    else:
+        taken = _attention(b, attn, roles, notes) | b.upstream(attn)
+    rest = [n for n in b.nodes if flow.is_projection(n) and n.name not in taken]
+    leaves = [n for n in b.nodes if n.leaf and n.params]
+    grouped = [n for n in rest if len(flow.shapes[flow.weight(n)]) >= 3]
+    if leaves or grouped:
+        _experts(b, leaves, grouped, [n for n in rest if n not in grouped], roles, notes)
+    else:
+        _mlp(b, rest, roles, notes)
+    kinds = {flow.weight_in_out(flow.by_name[n]) for n in roles.pop("_projections", ())}
+    roles["linear_kind"] = "conv1d" if kinds == {True} else "linear"
+    if kinds == {True, False}:
+        notes.append(f"{b.star}: some projections store (in, out) weights and some (out, in); linear_kind says "
+                     "'linear', so tensor parallelism of the (in, out) ones would be wrong: check the plan")
+    return roles, notes
+
+
+def _projection_path(b: _Block, node: Node) -> str:
+    return b.rel(b.flow.module_of(node))
+
+
+def _attention(b: _Block, attn: Node, roles: dict, notes: list[str]) -> set[str]:
+    """q/k/v (or qkv), o, attn, attn_norm and head_dim; returns the projections it took."""
+    flow = b.flow
+    qkv = [flow.projection(attn.inputs[i], b.within, up=True) if len(attn.inputs) > i else None for i in range(3)]
+    o = flow.projection(attn.name, b.within, up=False)
+    found = [n for n in (*qkv, o) if n is not None]
+    paths = {n.name: _projection_path(b, n) for n in found}
+    last = attn.input_metas[0].shape[-1] if attn.input_metas else 0
+    roles["head_dim"] = int(last) if getattr(last, "is_Integer", False) else 0
+    if any(n is None for n in qkv):
+        notes.append(f"{b.where(b.rel(attn.module_path))}: no projection found upstream of attention's q, k or v; "
+                     "tensor parallelism keeps attention replicated")
+    elif len({n.name for n in qkv}) == 1:
+        roles["qkv"] = paths[qkv[0].name]
+        notes.append(f"{b.where(roles['qkv'])}: fused q/k/v projection; tensor parallelism keeps attention replicated")
+    elif len({n.name for n in qkv}) == 3:
+        roles["q"], roles["k"], roles["v"] = (paths[n.name] for n in qkv)
+    else:
+        notes.append(f"{b.where(b.rel(attn.module_path))}: q, k and v come from {sorted(set(paths.values()))}, "
+                     "neither one projection each nor one for all; tensor parallelism keeps attention replicated")
+    if o is not None:
+        roles["o"] = paths[o.name]
+    else:
+        notes.append(f"{b.where(b.rel(attn.module_path))}: no projection after attention; tensor parallelism keeps "
+                     "attention replicated")
+    roles["attn"] = common_module([*paths.values(), b.rel(attn.module_path)])
+    first = next((n for n in qkv if n is not None), None)
+    roles["attn_norm"] = b.rel(flow.norm_before(first, b.within)) if first is not None else ""
+    roles["_projections"] = tuple(paths)
+    return set(paths)
+
+
+def _mlp(b: _Block, rest: Sequence[Node], roles: dict, notes: list[str]) -> None:
+    """mlp_in (projections no other one feeds), mlp_out (the one they feed), mlp, mlp_norm."""
+    if not rest:
+        notes.append(f"{b.star}: no projection besides attention's; no MLP to split by tensor parallelism")
+        return
+    below = {n.name: b.downstream(n) for n in rest}
+    fed = [n for n in rest if any(n.name in below[m.name] for m in rest if m is not n)]
+    ins = [n for n in rest if n not in fed]
+    outs = [n for n in fed if all(n.name not in below[m.name] for m in fed if m is not n)]
+    paths = [_projection_path(b, n) for n in rest]
+    if len(outs) != 1 or len(fed) != 1:
+        notes.append(f"{b.where(common_module(paths))}: projections {paths} are not inputs feeding one output "
+                     "projection; tensor parallelism keeps this MLP replicated")
+        return
+    roles["mlp_in"] = tuple(_projection_path(b, n) for n in ins)
+    roles["mlp_out"] = _projection_path(b, outs[0])
+    roles["mlp"] = common_module(paths)
+    roles["mlp_norm"] = b.rel(b.flow.norm_before(ins[0], b.within))
+    roles["_projections"] = roles.get("_projections", ()) + tuple(n.name for n in rest)
+
+
+def _experts(b: _Block, leaves: Sequence[Node], grouped: Sequence[Node], others: Sequence[Node],
+             roles: dict, notes: list[str]) -> None:
+    """experts, router, mlp and mlp_norm of a MoE block (a leaf op, or matmuls over 3-D weights)."""
+    flow = b.flow
+    if leaves:
+        leaf = leaves[0]
+        experts, count, inner_router = _leaf_experts(flow, leaf)
+        sinks = [leaf]
+    else:
+        weights = [flow.weight(n) for n in grouped]
+        experts, count, inner_router = common_module(owner(w) for w in weights), flow.shapes[weights[0]][0], ""
+        sinks = list(grouped)
+    if not experts:
+        notes.append(f"{b.where(b.rel(leaves[0].module_path))}: a leaf op without grouped (3-D) expert weights or "
+                     "a list of experts; expert parallelism is not offered")
+        return
+    feeding = set().union(*(b.upstream(s) for s in sinks))
+    router = next((n for n in others if n.name in feeding and _width(n) == count), None)
+    router_path = inner_router or (_projection_path(b, router) if router is not None else "")
+    roles["experts"] = b.rel(experts)
+    roles["router"] = b.rel(router_path) if inner_router else router_path
+    if not roles["router"]:
+        notes.append(f"{b.where(roles['experts'])}: no router (a projection to {count} expert scores) found; "
+                     "expert parallelism is offered without it")
+    roles["mlp"] = common_module([p for p in (roles["experts"], roles["router"]) if p])
+    entry = router if router is not None else sinks[0]
+    roles["mlp_norm"] = b.rel(flow.norm_before(entry, b.within))
+    shared = [_projection_path(b, n) for n in others if n is not router]
+    if shared:
+        notes.append(f"{b.where(roles['mlp'])}: projections {shared} besides the experts (a shared expert?) stay "
+                     "replicated under tensor parallelism")
+
+
+def _width(node: Node) -> int:
+    last = node.outputs[0].shape[-1] if node.outputs and node.outputs[0].shape else 0
+    return int(last) if getattr(last, "is_Integer", False) else -1
+
+
+def _leaf_experts(flow: Flow, leaf: Node) -> tuple[str, int, str]:
+    """(experts path, expert count, router path inside the leaf or "") of a MoE leaf op."""
+    three = [p for p in leaf.params if len(flow.shapes[p]) >= 3]
+    if three:
+        experts, count = common_module(owner(p) for p in three), flow.shapes[three[0]][0]
+    else:
+        module = flow.modules.get(leaf.module_path)
+        lists = [(name, m) for name, m in module.named_modules() if name and hasattr(m, "__len__")
+                 and len(m) > 1 and len({type(c) for c in m.children()}) == 1] if module is not None else []
+        if not lists:
+            return "", 0, ""
+        name, found = lists[0]
+        experts, count = f"{leaf.module_path}.{name}", len(found)
+    router = next((owner(p) for p in leaf.params if len(flow.shapes[p]) == 2 and flow.shapes[p][0] == count
+                   and not (owner(p) + ".").startswith(experts + ".")), "")
+    return experts, count, router
