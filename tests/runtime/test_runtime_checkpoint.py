@@ -5,6 +5,7 @@ of another model names the parameters that differ. And ``meshplan run`` with a c
 step 3 and ``--max-restarts 1`` ends where an uninterrupted run ends."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -112,7 +113,7 @@ def _meshplan_run(tmp_path: Path, plan_path: Path, name: str, *extra: str, env: 
 
 def test_meshplan_run_recovers_from_a_crash_with_the_same_result(tmp_path) -> None:
     plan_path = tmp_path / "plan.json"
-    plan_path.write_text(make_plan("gpt-tiny", dp=2, zero=3).to_json())
+    plan_path.write_text(dataclasses.replace(make_plan("gpt-tiny", dp=2, zero=3), cluster="cpu:1x2").to_json())
     losses, params, _ = _meshplan_run(tmp_path, plan_path, "straight")
     crash = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1"}
     ckpt = tmp_path / "ckpt"

@@ -11,6 +11,7 @@ Through ``meshplan run`` on 2 processes: a rank stopped with SIGSTOP fails the s
 it, which then finishes the run; a killed torchrun agent takes its workers with it."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -122,7 +123,7 @@ def _losses(out: str) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    path.write_text(make_plan("gpt-tiny", dp=2, zero=3).to_json())
+    path.write_text(dataclasses.replace(make_plan("gpt-tiny", dp=2, zero=3), cluster="cpu:1x2").to_json())
     return path
 
 
