@@ -24,7 +24,7 @@ def plan_kwargs_from_dict(data: Any, *, where: str) -> dict[str, Any]:
     kw["stages"] = tuple((first, last) for first, last in p.stages)
     kw["param_layouts"] = {name: tuple(layout) for name, layout in p.param_layouts.items()}
     kw["fusions"] = tuple(p.fusions)
-    kw["source"] = _in_order(p.source if isinstance(p.source, dict) else p.source.model_dump(exclude_unset=True),
+    kw["source"] = _in_order(p.source if isinstance(p.source, dict) else p.source.model_dump(exclude_unset=True, by_alias=True),
                              data.get("source", {}))
     kw["structure"] = _in_order(p.structure.model_dump(exclude_unset=True), data.get("structure", {}))
     if p.prediction is not None:

@@ -58,6 +58,7 @@ CLUSTER_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(\d+)x(\d+))?$")  
 MODULE_PATH = r"^$|^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
 PLACEMENT = r"^(R|P|S\(-?\d{1,2}\))$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
+PY_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 BUILDER_TARGET = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 
 
@@ -184,12 +185,15 @@ class ModelFields(_Strict):
 
 class ZooSource(_Strict):
     kind: Literal["zoo"]
-    name: Name
+    name: Name | None = None  # a zoo name, or
+    config: JsonObject | None = None  # a zoo config (meshplan.zoo.build_from_config)
 
 
 class HFSource(_Strict):
     kind: Literal["hf"]
     config: JsonObject
+    # the transformers class the model was (a Python identifier); AutoModelForCausalLM's choice without one
+    class_: Annotated[str, Field(max_length=200, pattern=PY_NAME)] | None = Field(default=None, alias="class")
 
 
 class BuilderSource(_Strict):
@@ -316,6 +320,8 @@ def _invariants(p: PlanFile):
         ModelStructure(**p.structure.model_dump())
     except InvalidPlanError as exc:
         yield "structure", str(exc).removeprefix("structure: ")
+    if isinstance(p.source, ZooSource) and (p.source.name is None) == (p.source.config is None):
+        yield "source", "a zoo source names a zoo model (name) or gives a zoo config (config), exactly one of them"
     for key in ("config", "kwargs"):
         tree = getattr(p.source, key, None)
         if tree is not None:
@@ -373,6 +379,7 @@ _PATTERNS = {
     PLACEMENT: "a placement: S(dim), R or P",
     MODULE_PATH: "a module path such as layers.0.attn (letters, digits and _, joined by dots)",
     BUILDER_TARGET: "'package.module:function'",
+    PY_NAME: "a Python identifier",
     NAME: "a name of letters, digits, '.', '_' and '-'",
 }
 _RULES = {

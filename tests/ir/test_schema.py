@@ -51,7 +51,8 @@ def test_the_good_plan_and_a_users_model_round_trip() -> None:
     plan = ir.Plan.from_dict(data)
     assert plan.source["config"]["dims"] == [1, 2.5] and plan.structure == STRUCTURE
     assert ir.Plan.from_json(plan.to_json()) == plan and ir.Plan.from_json(plan.to_json()).to_json() == plan.to_json()
-    for source in ({"kind": "zoo", "name": "llama3-8b"}, {"kind": "module"},
+    for source in ({"kind": "zoo", "name": "llama3-8b"}, {"kind": "module"}, {"kind": "zoo", "config": MODEL},
+                   {"kind": "hf", "config": {"n_layer": 2}, "class": "GPT2LMHeadModel"},
                    {"kind": "builder", "target": "pkg.models:build", "kwargs": {"depth": 2}}):
         assert ir.Plan.from_dict({**data, "source": source}).source == source
 
@@ -109,6 +110,9 @@ def test_the_good_plan_and_a_users_model_round_trip() -> None:
     (lambda d: d.update(source={"kind": "hf", "config": {"a": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}}),
      "source.config: a[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]: nested more than 16 deep"),
     (lambda d: d.update(source={"kind": "hf", "config": "llama"}), "source.config: expected an object"),
+    (lambda d: d.update(source={"kind": "hf", "config": {}, "class": "os.system"}),
+     "source.class: must be a Python identifier, got 'os.system'"),
+    (lambda d: d.update(source={"kind": "zoo"}), "source: a zoo source names a zoo model (name) or gives a zoo config"),
     (lambda d: d.update(structure={"blocks": "model..layers"}), "structure.blocks: must be a module path"),
     (lambda d: d.update(structure={"num_blocks": -1}), "structure.num_blocks: must be at least 0"),
     (lambda d: d.update(structure={"tied_head": 1}), "structure.tied_head: expected true or false, got 1"),

@@ -26,7 +26,8 @@ def make_plan(model: str, *, dp: int = 1, tp: int = 1, zero: int = 0, sp: bool =
     from meshplan import zoo
 
     cfg = zoo.config(model).to_dict()
-    return ir.Plan(model=cfg, cluster="cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+    world = dp * tp * mesh.get("pp", 1) * mesh.get("cp", 1)  # a plan's mesh fills its cluster (ir/schema.py)
+    return ir.Plan(model=cfg, cluster=f"cpu:1x{world}", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
                    mesh=ir.Mesh(dp=dp, tp=tp, **mesh), zero_stage=zero, sequence_parallel=sp,
                    micro_batch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
                    recompute=recompute or ("none",) * cfg["layers"], dtype="float32")
