@@ -64,44 +64,104 @@ def as_api_plan(plan: ir.Plan) -> Plan:
     return Plan(**{f.name: getattr(plan, f.name) for f in fields(plan)})
 
 
-def model_config(model: torch.nn.Module | str | dict) -> dict[str, Any]:
-    if isinstance(model, str):
-        return zoo.config(model).to_dict()
-    if isinstance(model, dict):
-        return zoo.ModelConfig.from_dict(model).to_dict()
-    cfg = getattr(model, "config", None)
-    if not isinstance(cfg, zoo.ModelConfig):
-        raise ir.UnsupportedModelError(
-            f"{type(model).__name__} has no zoo config (a .config ModelConfig); meshplan plans zoo models and "
-            "models that carry one: build with meshplan.zoo.build(...) or build_from_config({...})")
-    return cfg.to_dict()
+ModelLike = torch.nn.Module | str | dict
 
 
-def _as_module(model: torch.nn.Module | str | dict) -> torch.nn.Module:
+def model_and_source(model: ModelLike, model_kwargs: dict[str, Any] | None = None
+                     ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The module to trace and where it comes from (``runtime.source``): a module as given (a zoo or
+    Hugging Face model says where it comes from; another one is the caller's alone), a zoo name, a zoo
+    config dict, or a builder ``"pkg.module:function"`` called with ``model_kwargs`` on the meta device."""
+    from .runtime import source as sources
+
     if isinstance(model, torch.nn.Module):
-        return model
+        return model, source_of(model)
+    if isinstance(model, str) and ":" in model:
+        src = sources.builder_source(model, model_kwargs)
+    elif isinstance(model, str):
+        zoo.config(model)  # an unknown name is refused here, with the names there are
+        src = {"kind": "zoo", "name": model}
+    elif isinstance(model, dict):
+        src = {"kind": "zoo", "config": zoo.ModelConfig.from_dict(model).to_dict()}
+    else:
+        raise ir.UnsupportedModelError(f"model must be an nn.Module, a zoo name, a zoo config dict or a builder "
+                                       f"'pkg.module:function', got {type(model).__name__}")
     with torch.device("meta"):
-        return zoo.build(model) if isinstance(model, str) else zoo.build_from_config(model)
+        return sources.build(src), src
 
 
-def plans(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,
+def source_of(model: torch.nn.Module) -> dict[str, Any]:
+    """What a module says of where it comes from: a zoo config, a Hugging Face model's class and config,
+    or nothing (``{"kind": "module"}``: emit and run then need a builder, ``"pkg.module:function"``)."""
+    from .runtime import source as sources
+
+    cfg = getattr(model, "config", None)
+    if isinstance(cfg, zoo.ModelConfig):
+        return {"kind": "zoo", "config": cfg.to_dict()}
+    if sources.is_hf(model):
+        return {"kind": "hf", "class": type(model).__name__, "config": sources.hf_config_dict(cfg)}
+    return {"kind": "module"}
+
+
+_MAX_SEQ_NAMES = ("max_seq_len", "max_position_embeddings", "n_positions", "block_size")
+
+
+def model_config(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> dict[str, Any]:
+    """The model's sizes as the plan records them (``plan.model``): a zoo model's config, else the traced
+    dimensions, with the family being the kind of block the cost model prices (gpt, llama or moe)."""
+    cfg = getattr(module, "config", None)
+    if isinstance(cfg, zoo.ModelConfig):
+        return cfg.to_dict()
+    d = graph.dims
+    max_seq = next((v for n in _MAX_SEQ_NAMES if isinstance(v := getattr(cfg, n, None), int) and v > 0), None)
+    name = getattr(cfg, "name_or_path", "") or type(module).__name__
+    out = {"family": d.family, "layers": d.layers, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
+           "ffn_hidden": d.ffn_hidden, "vocab": d.vocab, "max_seq_len": max_seq or seq_len, "name": str(name)}
+    if d.experts:
+        out.update(experts=d.experts, top_k=d.top_k)
+    return out
+
+
+def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> frozenset[str]:
+    """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out)."""
+    runtime = set(solver.RUNTIME)
+    if zoo_modules:
+        return frozenset(runtime)
+    runtime -= {"pp", "cp", "ep", "sp"}  # these run on the zoo's module classes (codegen.lower._check_model_modules)
+    if structure is None or not structure.num_blocks:
+        runtime -= {"tp", "tp_replicate", "moe_tp"}
+    return frozenset(runtime)
+
+
+def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_len: int,
           fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0, top: int = 5,
-          progress: Callable[[str], None] | None = None) -> tuple[Plan, ...]:
-    """The best plan and up to ``top - 1`` runners-up."""
+          progress: Callable[[str], None] | None = None, model_kwargs: dict[str, Any] | None = None,
+          example_inputs: Any = None) -> tuple[Plan, ...]:
+    """The best plan and up to ``top - 1`` runners-up. ``model``: an ``nn.Module`` (build it under
+    ``torch.device("meta")``), a zoo name, a zoo config dict, or a builder ``"pkg.module:function"``
+    (called with ``model_kwargs``). ``example_inputs``: for a model whose input is not token ids."""
+    from .codegen.structure import zoo_family
+
     cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
-    for name, value in (("global_batch", global_batch), ("seq_len", seq_len)):
-        if not isinstance(value, int) or value < 1:
-            raise ir.PlanError(f"{name} must be a positive integer, got {value!r}")
-    config = model_config(model)
+    ir.limits.check_sizes(global_batch=global_batch, seq_len=seq_len, world=cluster.world_size,
+                          layers=1)  # ir/limits.py; a zoo config's layers are bounded by its own check
+    module, source = model_and_source(model, model_kwargs)
+    graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
+    config = model_config(module, graph, seq_len)
     if seq_len > config["max_seq_len"]:
         raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {config['max_seq_len']}")
-    graph = trace(_as_module(model), batch=1, seq_len=min(seq_len, 64))
+    structure = graph.structure
+    zoo_modules = structure is not None and zoo_family(structure) is not None and source["kind"] == "zoo"
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
-                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top)
-    fusions = fusion_names(find_fusions(graph))  # the chains whose fused kernel moves fewer bytes
-    return tuple(as_api_plan(_with_fusions(p, fusions, graph, cluster)) for p in solver.solve(req, progress=progress))
+                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top,
+                         runtime=offered(structure, zoo_modules))
+    # fused kernels swap the zoo's module classes (codegen.fused): offered on those only
+    fusions = fusion_names(find_fusions(graph)) if zoo_modules else ()
+    found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
+    return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
+                 for p in solver.solve(req, progress=progress))
 
 
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
@@ -123,13 +183,15 @@ def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluste
     return replace(fused, prediction=pred, solver=info)
 
 
-def autoparallelize(model: torch.nn.Module | str | dict, cluster: Cluster | str, *, global_batch: int, seq_len: int,
+def autoparallelize(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_len: int,
                     fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0,
-                    progress: Callable[[str], None] | None = None) -> Plan:
+                    progress: Callable[[str], None] | None = None, model_kwargs: dict[str, Any] | None = None,
+                    example_inputs: Any = None) -> Plan:
     """Plan ``model`` on ``cluster``. ``fixed`` pins choices, e.g. ``{"tp": 2, "zero": 3}``; with every
-    choice pinned it evaluates that plan."""
+    choice pinned it evaluates that plan. ``model`` and ``example_inputs`` as in ``plans``."""
     return plans(model, cluster, global_batch=global_batch, seq_len=seq_len, fixed=fixed, dtype=dtype,
-                 time_limit_s=time_limit_s, progress=progress)[0]
+                 time_limit_s=time_limit_s, progress=progress, model_kwargs=model_kwargs,
+                 example_inputs=example_inputs)[0]
 
 
 def load(path: str | Path) -> Plan:

@@ -30,11 +30,9 @@ from typing import Any
 from ..ir import AXES, InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
 from . import context, expert, fused, hybrid, pipeline_lower, tp_plans
+from .structure import structure_of, zoo_family
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
                       TensorParallel)
-
-FAMILIES = ("gpt", "llama", "moe")
-
 
 def lower(plan: Plan, *, fuse: bool = False) -> Program:
     """The ordered steps for ``plan``; raises ``InvalidPlanError`` for what the runtime cannot do yet.
@@ -53,8 +51,8 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
         steps += context.context_parallel(plan, cfg)
     if plan.mesh.ep > 1:
         steps += expert.expert_parallel(plan, steps[0].dims, cfg["layers"])
-    steps += _recompute(plan, cfg["layers"])
-    steps += _data_parallel(plan, cfg["layers"])
+    steps += _recompute(plan, cfg)
+    steps += _data_parallel(plan, cfg)
     if plan.mesh.pp > 1:
         steps = pipeline_lower.pipelined(plan, steps)  # SplitPipeline first; see pipeline_lower
     return Program(
@@ -63,26 +61,26 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
         num_microbatches=plan.num_microbatches, dp_size=dp, dp_axis=hybrid.data_axis(plan, "dp"),
         # ZeRO-2/3 reduce-scatter after every micro-batch so that no full gradient is ever held;
         # plain DP accumulates locally and all-reduces once per step.
-        sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps))
+        sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps), source=dict(plan.source))
 
 
 def _model_dims(plan: Plan) -> dict[str, Any]:
-    """The sizes lowering needs, read from the zoo config dict (0 defaults as zoo.ModelConfig has them)."""
-    model = plan.model
-    family = model.get("family")
-    if family not in FAMILIES:
-        raise InvalidPlanError(f"plan.model.family is {family!r}; the runtime builds only {FAMILIES}")
+    """The sizes lowering needs: the blocks and module paths from ``plan.structure``, the widths tensor
+    parallelism splits from ``plan.model`` (0 defaults as zoo.ModelConfig has them)."""
+    model, s = plan.model, structure_of(plan)
     heads = int(model.get("heads", 1))
-    return {"family": family, "layers": int(model.get("layers", len(plan.recompute))), "heads": heads,
+    family = zoo_family(s)
+    return {"structure": s, "family": family or "custom", "layers": s.num_blocks, "heads": heads,
             "kv_heads": int(model.get("kv_heads") or heads),
             "ffn_hidden": int(model.get("ffn_hidden") or 4 * int(model.get("hidden", 0))),
-            "vocab": int(model.get("vocab", 0))}
+            "vocab": int(model.get("vocab", 0)), "zoo": family is not None}
 
 
 def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for the parts of a plan the runtime does not execute yet, saying which and why."""
-    m = plan.mesh
+    m, s = plan.mesh, cfg["structure"]
     hybrid.check_hybrid(plan)
+    _check_model_modules(plan, cfg)
     if m.cp > 1:
         context.check_context_parallel(plan, cfg)
     if m.ep > 1:
@@ -99,11 +97,37 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     if m.tp > 1:
         for layer in range(cfg["layers"]):
             replicated_sublayers(plan, cfg, layer)  # raises for a layout the styles cannot execute
-        for name in ("heads", "kv_heads", "ffn_hidden", "vocab"):
+        linears = tp_plans.sublayer_linears(s)
+        split = (("heads", "kv_heads") if linears["attn"] else ()) + (("ffn_hidden",) if linears["mlp"] else ()) \
+            + (("vocab",) if s.head and not s.tied_head else ())
+        for name in split:
             if cfg[name] % m.tp:
                 raise InvalidPlanError(f"tensor parallelism splits {name} over tp ranks, but "
                                        f"{name}({cfg[name]}) does not divide by tp({m.tp}); "
                                        f"use a tp that divides {cfg[name]}")
+
+
+def _check_model_modules(plan: Plan, cfg: dict[str, Any]) -> None:
+    """What the plan asks of the model's modules, against what the frontend found in them."""
+    m, s = plan.mesh, cfg["structure"]
+    if (m.tp > 1 or m.pp > 1 or any(r != RecomputeChoice.NONE for r in plan.recompute)) and not s.num_blocks:
+        raise InvalidPlanError("the plan splits or recomputes the model's blocks, but no repeated blocks were found "
+                               "in it (a ModuleList or ModuleDict of alike layers); plan it with data parallelism "
+                               "and ZeRO only (tp=1, pp=1, recompute none)")
+    if plan.sequence_parallel and (why := tp_plans.sp_blockers(s)):
+        raise InvalidPlanError(f"sequence parallelism needs norms and module boundaries it can shard on: {'; '.join(why)}; "
+                               "plan without sp (--no-sp)")
+    if not cfg["zoo"]:
+        # context parallelism and the pipeline stages run the zoo's module classes (runtime.context,
+        # runtime.pipeline); other models get tensor, data and ZeRO parallelism and recompute
+        for axis in ("pp", "cp", "ep"):
+            if getattr(m, axis) > 1:
+                raise InvalidPlanError(f"{axis}({getattr(m, axis)}) > 1: the runtime runs {axis} only on meshplan's "
+                                       f"zoo modules so far, and this model's structure is not one (blocks "
+                                       f"{s.blocks!r}); plan with {axis}=1")
+    if any(r == RecomputeChoice.SELECTIVE for r in plan.recompute) and not s.attn:
+        raise InvalidPlanError("selective recompute wraps each block's attention module, but none was found in the "
+                               "blocks; use recompute full or none")
 
 
 def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
@@ -128,12 +152,13 @@ def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
 
 
 def _tensor_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
-    family, sp = cfg["family"], plan.sequence_parallel
-    steps: list[Step] = [TensorParallel(module="", plan=tp_plans.root_plan(family, sp))]
+    s, sp = cfg["structure"], plan.sequence_parallel
+    root = tp_plans.root_plan(s, sp)
+    steps: list[Step] = [TensorParallel(module="", plan=root)] if root else []
     for i in range(cfg["layers"]):
-        block = tp_plans.block_plan(family, sp, replicated_sublayers(plan, cfg, i))
+        block = tp_plans.block_plan(s, sp, replicated_sublayers(plan, cfg, i))
         if block:  # a block replicated whole, without sp, has nothing to parallelize
-            steps.append(TensorParallel(module=f"layers.{i}", plan=block))
+            steps.append(TensorParallel(module=s.block_path(i), plan=block))
     return steps
 
 
@@ -143,26 +168,29 @@ def replicated_sublayers(plan: Plan, cfg: dict[str, Any], layer: int) -> frozens
     which gets the fixed Megatron split."""
     if not plan.param_layouts:
         return frozenset()
-    tp_axis, prefix = AXES.index("tp"), f"layers.{layer}"
-    weight_tp = {f"{sub}.{name}": layout[tp_axis]
-                 for sub, (cols, row) in tp_plans.SUBLAYERS[cfg["family"]].items() for name in (*cols, row)
-                 if (layout := plan.param_layouts.get(f"{prefix}.{sub}.{name}.weight")) is not None}
-    return tp_plans.replicated_sublayers(cfg["family"], prefix, weight_tp)
+    s = cfg["structure"]
+    tp_axis, prefix = AXES.index("tp"), s.block_path(layer)
+    weight_tp = {name: layout[tp_axis]
+                 for linears in tp_plans.sublayer_linears(s).values() if linears
+                 for name in (*linears[0], linears[1])
+                 if (layout := plan.param_layouts.get(f"{prefix}.{name}.weight")) is not None}
+    return tp_plans.replicated_sublayers(s, prefix, weight_tp)
 
 
-def _recompute(plan: Plan, layers: int) -> list[Step]:
+def _recompute(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
     """"full" wraps the block; "selective" wraps its attention module with a policy that keeps the
     projection outputs and recomputes the attention core (see program.SELECTIVE_SAVE_OPS)."""
+    s = cfg["structure"]
     steps: list[Step] = []
-    for i, choice in enumerate(plan.recompute[:layers]):
+    for i, choice in enumerate(plan.recompute[:cfg["layers"]]):
         if choice == RecomputeChoice.FULL:
-            steps.append(Recompute(module=f"layers.{i}", policy=Policy.FULL))
+            steps.append(Recompute(module=s.block_path(i), policy=Policy.FULL))
         elif choice == RecomputeChoice.SELECTIVE:
-            steps.append(Recompute(module=f"layers.{i}.attn", policy=Policy.SELECTIVE))
+            steps.append(Recompute(module=f"{s.block_path(i)}.{s.attn}", policy=Policy.SELECTIVE))
     return steps
 
 
-def _data_parallel(plan: Plan, layers: int) -> list[Step]:
+def _data_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
     dp, zero = plan.mesh.dp * plan.mesh.cp, plan.zero_stage  # cp ranks see other tokens: data-parallel too
     axis = context.data_axis(plan)  # "dp", or "dp_cp" (dp x cp flattened) under context parallelism
     if dp == 1:
@@ -173,9 +201,10 @@ def _data_parallel(plan: Plan, layers: int) -> list[Step]:
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
     # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
     # head and the embedding are needed again as soon as backward starts.
-    steps: list[Step] = expert.expert_data_parallel(plan, layers) if plan.mesh.ep > 1 else []
-    steps += [FullyShard(module=f"layers.{i}", mesh_axes=axes, reshard_after_forward=zero == 3)
-              for i in range(layers)]
+    s = cfg["structure"]
+    steps: list[Step] = expert.expert_data_parallel(plan, cfg["layers"]) if plan.mesh.ep > 1 else []
+    steps += [FullyShard(module=s.block_path(i), mesh_axes=axes, reshard_after_forward=zero == 3)
+              for i in range(cfg["layers"])]
     steps.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))
     return steps
 

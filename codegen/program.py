@@ -12,7 +12,7 @@ wrapper, exactly as torchtitan's ``apply_ac`` then ``apply_fsdp`` do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -302,6 +302,7 @@ class Program:
     sync_every_microbatch: bool = True
     compute_dtype: str = "float32"
     steps: tuple[Step, ...]
+    source: dict[str, Any] = field(default_factory=dict)  # where the model comes from (plan.source)
 
     def __post_init__(self) -> None:
         if not self.steps or not isinstance(self.steps[0], BuildMesh):
@@ -325,6 +326,21 @@ class Program:
     def kinds(self) -> tuple[str, ...]:
         """Step kind names in order, for structural checks."""
         return tuple(type(s).__name__ for s in self.steps)
+
+    def module_paths(self) -> tuple[str, ...]:
+        """Every module path a step names (tensor-parallel styles' submodules under their step's module),
+        in order, once each; the root ("") is left out."""
+        paths: dict[str, None] = {}
+        for step in self.steps:
+            base = getattr(step, "module", None)
+            if base is None:
+                continue
+            if base:
+                paths[base] = None
+            for sub, _ in getattr(step, "plan", ()) if isinstance(step, TensorParallel) else ():
+                if sub:
+                    paths[f"{base}.{sub}" if base else sub] = None
+        return tuple(paths)
 
     def describe(self) -> str:
         """One line per step, for reports and error messages."""

@@ -1,4 +1,5 @@
-"""Tensor- and sequence-parallel styles for the zoo's modules, as data (torchtitan's llama3 recipe).
+"""Tensor- and sequence-parallel styles for a model's modules (``ir.ModelStructure`` paths), as data
+(torchtitan's llama3 recipe).
 
 Megatron-LM's split (Shoeybi et al. 2019, sec. 3): the first matmul of each sublayer is
 column-parallel (``wq, wk, wv``, ``fc1``, ``w1, w3``: each rank owns whole heads or a slice of the
@@ -14,7 +15,7 @@ A plan's ``param_layouts`` may keep a dense sublayer (attention or MLP) replicat
 intra-op program (``solver/intra_op.py``) picks that where splitting costs more communication than
 it saves compute. ``replicated_sublayers`` reads it from the tp placement of each linear weight
 (``S(0)`` column-parallel, ``S(1)`` row-parallel, ``R`` replicated): a sublayer is either split the
-Megatron way or replicated whole, since the zoo's attention takes its head count from the
+Megatron way or replicated whole, since attention (the zoo's, Hugging Face's) takes its head count from the
 projections it runs (``view(b, s, -1, head_dim)``) and the residual stream only meets ``R`` or
 ``S(1)``. A replicated sublayer gets no style on its linears (plain modules, plain weights); its
 input is the whole stream and so is its output, which every tp rank computes alike. Under sequence
@@ -27,18 +28,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..ir import InvalidPlanError
+from ..ir import InvalidPlanError, ModelStructure
 from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
 SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
+SUBLAYER_NAMES = ("attn", "mlp")
 
-# the linears of each dense sublayer: (column-parallel, row-parallel); the MoE's mlp has none (replicated)
-_ATTN = (("wq", "wk", "wv"), "wo")
-SUBLAYERS = {"gpt": {"attn": _ATTN, "mlp": (("fc1",), "fc2")},
-             "llama": {"attn": _ATTN, "mlp": (("w1", "w3"), "w2")},
-             "moe": {"attn": _ATTN}}
-_NORM = {"attn": "attn_norm", "mlp": "mlp_norm"}
+
+def sublayer_linears(s: ModelStructure) -> dict[str, tuple[tuple[str, ...], str] | None]:
+    """Per sublayer of a block, its (column-parallel, row-parallel) linears, module paths relative to
+    the block; None for a sublayer tensor parallelism keeps whole: a fused q/k/v projection (heads
+    would be cut across q, k and v), GPT-2's Conv1D (the torch styles shard nn.Linear only), a MoE."""
+    if s.linear_kind != "linear":
+        return {"attn": None, "mlp": None}
+    return {"attn": ((s.q, s.k, s.v), s.o) if s.attn_split else None,
+            "mlp": (s.mlp_in, s.mlp_out) if s.mlp_split else None}
+
+
+def _norm(s: ModelStructure, sub: str) -> str:
+    return s.attn_norm if sub == "attn" else s.mlp_norm
 
 
 def _stream(sp: bool) -> str:
@@ -46,65 +55,102 @@ def _stream(sp: bool) -> str:
     return "S(1)" if sp else "R"
 
 
-def root_plan(family: str, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def embedding_sum(s: ModelStructure) -> str:
+    """The module whose output is the token plus position embedding (the zoo GPT's ``embed``), where
+    sequence parallelism cuts the stream to S(1); "" when the sum happens in a forward that also runs
+    the blocks (GPT-2's ``transformer``), where no module boundary sits between them."""
+    parent = _parent(s.embed)
+    if not s.pos_embed or not parent or _parent(s.pos_embed) != parent:
+        return ""
+    return "" if s.blocks == parent or s.blocks.startswith(parent + ".") else parent
+
+
+def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     """Embedding, final norm and output head.
 
-    The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). GPT adds a
-    replicated position embedding after it, so there the sum is made whole (R) and then cut to S(1)
-    by ``PrepareModuleOutput`` on ``embed``; Llama/MoE reduce-scatter straight to S(1). The output
-    head is column-parallel over the vocabulary and gathered to R so the loss sees whole logits.
+    The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). With a learned
+    position embedding added after it, the sum is made whole (R) and then cut to S(1) by
+    ``PrepareModuleOutput`` on the module that adds them (``embedding_sum``); without one the
+    embedding reduce-scatters straight to S(1). The output head is column-parallel over the
+    vocabulary and gathered to R so the loss sees whole logits. A head tied to the embedding keeps
+    both replicated: one parameter cannot be split by rows for one and by columns for the other.
     """
     plan: list[tuple[str, TPStyle]] = []
-    if family == "gpt":
-        plan.append(("embed.tok", TPStyle(kind=StyleKind.ROWWISE, src="R", out="R")))
+    if s.tied_head:
+        return tuple([(s.final_norm, SP_NORM)] if sp else [])
+    if s.pos_embed:
+        plan.append((s.embed, TPStyle(kind=StyleKind.ROWWISE, src="R", out="R")))
         if sp:
-            plan.append(("embed", TPStyle(kind=StyleKind.PREPARE_OUTPUT, src="R", dst="S(1)")))
-    else:
-        plan.append(("embed.tok", TPStyle(kind=StyleKind.ROWWISE, src="R", out=_stream(sp))))
+            plan.append((embedding_sum(s), TPStyle(kind=StyleKind.PREPARE_OUTPUT, src="R", dst="S(1)")))
+    elif s.embed:
+        plan.append((s.embed, TPStyle(kind=StyleKind.ROWWISE, src="R", out=_stream(sp))))
     if sp:
-        plan.append(("norm", SP_NORM))
-    plan.append(("output", TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="R")))
+        plan.append((s.final_norm, SP_NORM))
+    if s.head:
+        plan.append((s.head, TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="R")))
     return tuple(plan)
 
 
-def block_plan(family: str, sp: bool, replicated: frozenset[str] = frozenset()) -> tuple[tuple[str, TPStyle], ...]:
+def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozenset()) -> tuple[tuple[str, TPStyle], ...]:
     """One transformer block: each sublayer's heads or FFN width split over tp, except the sublayers
-    in ``replicated`` (and the MoE), which every tp rank runs whole on the whole sequence."""
+    in ``replicated`` (and those ``sublayer_linears`` keeps whole), which every tp rank runs whole on
+    the whole sequence."""
     stream = _stream(sp)
     plan: list[tuple[str, TPStyle]] = []
-    for sub in ("attn", "mlp"):
+    for sub, linears in sublayer_linears(s).items():
+        module = getattr(s, sub)
         if sp:
-            plan.append((_NORM[sub], SP_NORM))
-        linears = SUBLAYERS[family].get(sub)
+            plan.append((_norm(s, sub), SP_NORM))
         if linears is None or sub in replicated:
             if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated sublayer, R -> S(1) after
-                plan.append((sub, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
-                                          out_src="R", out="S(1)")))
+                plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
+                                             out_src="R", out="S(1)")))
             continue  # without sp the stream is a plain replicated tensor already
         cols, row = linears
         if sp:
-            plan.append((sub, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
-        plan += [(f"{sub}.{name}", COL) for name in cols]
-        plan.append((f"{sub}.{row}", TPStyle(kind=StyleKind.ROWWISE, out=stream)))
+            plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
+        plan += [(name, COL) for name in cols]
+        plan.append((row, TPStyle(kind=StyleKind.ROWWISE, out=stream)))
     return tuple(plan)
 
 
-def replicated_sublayers(family: str, layer: str, weight_tp: Mapping[str, str]) -> frozenset[str]:
+def sp_blockers(s: ModelStructure) -> list[str]:
+    """Why sequence parallelism cannot run on this model's modules (empty: it can)."""
+    why = [f"no {what} norm was found in the blocks" for what, path in (("attention", s.attn_norm),
+                                                                      ("MLP", s.mlp_norm)) if not path]
+    why += [f"no {what} module was found" for what, path in (("attention", s.attn), ("MLP", s.mlp)) if not path]
+    if not s.final_norm:
+        why.append("no final norm was found")
+    if s.tied_head:
+        why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
+    if s.pos_embed and not embedding_sum(s):
+        why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
+    return why
+
+
+def replicated_sublayers(s: ModelStructure, layer: str, weight_tp: Mapping[str, str]) -> frozenset[str]:
     """The sublayers of block ``layer`` that ``weight_tp`` (linear path in the block, e.g. ``"mlp.w1"``
     -> tp placement of its weight; a linear not listed is taken as split) keeps replicated.
     Raises ``InvalidPlanError`` for a sublayer that is neither split the Megatron way nor all ``R``."""
     out = set()
-    for sub, (cols, row) in SUBLAYERS[family].items():
+    for sub, linears in sublayer_linears(s).items():
+        if linears is None:
+            continue
+        cols, row = linears
         names = (*cols, row)
-        got = tuple(weight_tp.get(f"{sub}.{n}") for n in names)
+        got = tuple(weight_tp.get(n) for n in names)
         split = tuple(g or want for g, want in zip(got, ("S(0)",) * len(cols) + ("S(1)",)))
         if all(g == "R" for g in got):
             out.add(sub)
         elif split != ("S(0)",) * len(cols) + ("S(1)",):
             have = ", ".join(f"{n} {g or '-'}" for n, g in zip(names, got))
             raise InvalidPlanError(
-                f"param_layouts: {layer}.{sub} has tp placements {have}; the runtime runs a sublayer either "
-                f"split ({', '.join(cols)} S(0), {row} S(1)) or replicated (all R). Re-plan, or give its "
+                f"param_layouts: {layer}.{getattr(s, sub)} has tp placements {have}; the runtime runs a sublayer "
+                f"either split ({', '.join(cols)} S(0), {row} S(1)) or replicated (all R). Re-plan, or give its "
                 "linear weights one of these two layouts")
     return frozenset(out)
 

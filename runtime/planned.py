@@ -40,6 +40,23 @@ def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3)
 
 
+def logits_of(output: object) -> torch.Tensor:
+    """The logits of a model's output: a tensor, a Hugging Face ``ModelOutput`` (``.logits``), a dict with
+    "logits", or a tuple/list whose first item is the logits."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, dict):
+        logits = output.get("logits")
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise InvalidPlanError(f"the model returned {type(output).__name__}, with no logits tensor in it; return the "
+                               "logits (a tensor, .logits, or the first item of a tuple), or pass loss_fn= to apply "
+                               "that takes this output")
+    return logits
+
+
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token cross-entropy in fp32 (the formula of ``meshplan.zoo.loss_fn``)."""
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
@@ -73,6 +90,7 @@ class PlannedModule:
         self.sequence = sequence_split(program, self.mesh)  # this rank's tokens of each sequence (cp)
         self.loss_group, self.loss_ranks = data_group(program, self.mesh)  # the ranks that see other tokens
         self._ddp = state.ddp
+        self._hf = program.source.get("kind") == "hf"
         self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
         if self.pipeline is not None:
             build_schedule(self.pipeline, program, self.device, loss_fn)
@@ -113,10 +131,15 @@ class PlannedModule:
         loss_sum = torch.zeros((), device=self.device)
         for mb, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with self._sync(mb == n - 1):
-                loss = self.loss_fn(self.module(x.to(self.device)), y.to(self.device)) / n
+                loss = self.loss_fn(self._forward(x.to(self.device)), y.to(self.device)) / n
                 loss.backward()
             loss_sum += loss.detach()
         return loss_sum
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of ``x``: Hugging Face models are called without a KV cache (training)."""
+        kwargs = {"use_cache": False} if self._hf else {}
+        return logits_of(self.module(x, **kwargs))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, local: bool = False) -> float:
         """Forward, backward and optimizer step; returns the global mean loss (the same on every rank).
@@ -188,7 +211,7 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     if plan.world_size != world:
         raise InvalidPlanError(f"the plan's mesh ({plan.mesh}) needs {plan.world_size} processes but the process "
                                f"group has {world}; launch with torchrun --nproc-per-node {plan.world_size}")
-    _check_model(plan, model)
+    _check_model(plan, program, model)
     device = device_for_rank()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL and FSDP use the current device
@@ -197,13 +220,36 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or token_cross_entropy)
 
 
-def _check_model(plan: Plan, model: nn.Module) -> None:
-    layers = getattr(model, "layers", None)
-    expect = plan.model.get("layers")
-    if layers is None or (expect is not None and len(layers) != expect):
-        got = "no .layers" if layers is None else f"{len(layers)} layers"
-        raise InvalidPlanError(f"the plan is for {plan.model.get('name') or plan.model.get('family')} with "
-                               f"{expect} layers but the model has {got}; build it from plan.model")
+def _check_model(plan: Plan, program: Program, model: nn.Module) -> None:
+    """The model is the one the plan was made for: its parameters are the ones the plan lays out, and
+    every module a step names is there. Raises naming the first difference, before any step runs."""
+    if plan.param_layouts:
+        have = [name for name, _ in model.named_parameters()]
+        want = list(plan.param_layouts)
+        for got, expect in zip(have + [None] * len(want), want + [None] * len(have)):
+            if got != expect:
+                what = (f"the plan's parameter {expect!r}" if got is None else
+                        f"the model's parameter {got!r}" if expect is None else
+                        f"the model's parameter {got!r} where the plan has {expect!r}")
+                raise InvalidPlanError(f"this plan was made for another model: {what} (the model has "
+                                       f"{len(have)} parameters, the plan {len(want)}); plan this model, or "
+                                       f"build the one the plan names ({_source_words(plan)})")
+    modules = dict(model.named_modules())
+    for path in program.module_paths():
+        if path not in modules:
+            raise InvalidPlanError(f"the plan's step on module {path!r} matches no module of the model "
+                                   f"({type(model).__name__}); plan this model, or build the one the plan names "
+                                   f"({_source_words(plan)})")
+
+
+def _source_words(plan: Plan) -> str:
+    src = plan.source or {"kind": "zoo", "name": plan.model.get("name")}
+    kind = src.get("kind")
+    if kind == "zoo":
+        return f"zoo model {src.get('name')!r}"
+    if kind == "builder":
+        return f"builder {src.get('target')!r}"
+    return "a Hugging Face config" if kind == "hf" else "the model given to autoparallelize"
 
 
 def _build_optimizer(state: State, factory: OptimizerFactory) -> torch.optim.Optimizer:

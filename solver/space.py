@@ -181,7 +181,7 @@ def tp_degrees(dims: ModelDims, domain: int, world: int) -> tuple[int, ...]:
 def _meshes(dims: ModelDims, world: int, domain: int, seq_len: int, fixed: dict, runtime: frozenset):
     """(pp, dp, cp, tp, ep) that multiply to the world and respect the rules above."""
     for tp in tp_degrees(dims, domain, world):
-        if dims.experts and tp > 1 and "moe_tp" not in runtime:
+        if tp > 1 and ("tp" not in runtime or (dims.experts and "moe_tp" not in runtime)):
             continue
         rest = world // tp
         cps = [c for c in divisors(rest) if c == 1 or ("cp" in runtime and seq_len // c >= MIN_CP_TOKENS
@@ -228,7 +228,7 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
     for mesh in _meshes(dims, world, domain, seq_len, fixed, runtime):
         if global_batch % mesh["dp"]:
             continue
-        sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 else (False,)
+        sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 and "sp" in runtime else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
         zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z

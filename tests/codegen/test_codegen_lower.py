@@ -127,7 +127,7 @@ def test_pipeline_splits_stages_first() -> None:  # more in test_codegen_pipelin
 
 def test_unknown_family_is_refused() -> None:
     p = dataclasses.replace(plan(), model={**CONFIGS["gpt"], "family": "rwkv"})
-    with pytest.raises(ir.InvalidPlanError, match="family is 'rwkv'"):
+    with pytest.raises(ir.InvalidPlanError, match="model family 'rwkv' is not a zoo family"):
         lower(p)
 
 

@@ -1,0 +1,119 @@
+"""Where a model comes from (``plan.source``), and building it again from there.
+
+A plan records its model's source so that ``emit``, ``meshplan run`` and ``plan.apply`` in another
+process rebuild that very model, never a zoo stand-in of the same sizes:
+
+    {"kind": "zoo", "name": "llama3-8b"}                  meshplan.zoo.build(name)
+    {"kind": "zoo", "config": {...}}                     meshplan.zoo.build_from_config(config)
+    {"kind": "hf", "class": "LlamaForCausalLM", "config": {...}}
+                                                         transformers' class built from the inline config
+    {"kind": "builder", "target": "pkg.module:function", "kwargs": {...}}
+                                                         the user's function, called with the keyword arguments
+    {"kind": "module"}                                   a model only the caller holds: plan.apply works on it,
+                                                         emit and run need one of the sources above
+
+Reading a source imports only what it names: ``transformers`` for "hf", the builder's module for
+"builder" (a target must be dotted identifiers, ``pkg.module:function``; nothing is evaluated).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from typing import Any
+
+from torch import nn
+
+from ..ir import UnsupportedModelError
+
+TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
+KINDS = ("zoo", "hf", "builder", "module")
+
+
+def is_hf(model: nn.Module) -> bool:
+    """A Hugging Face transformers model (duck-typed: no import of transformers)."""
+    return type(model).__module__.startswith("transformers.") and hasattr(getattr(model, "config", None), "to_dict")
+
+
+def hf_config_dict(config: Any) -> dict[str, Any]:
+    """A transformers config as plain JSON data (what ``from_dict`` takes back)."""
+    data = config.to_dict()
+    return json.loads(json.dumps(data, default=str))
+
+
+def builder_source(target: str, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    if not isinstance(target, str) or not TARGET.match(target):
+        raise UnsupportedModelError(f"a model builder must be 'package.module:function' (dotted identifiers), got "
+                                    f"{target!r}")
+    kwargs = dict(kwargs or {})
+    try:
+        json.dumps(kwargs, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedModelError(f"the builder's keyword arguments must be plain JSON data (they are saved in the "
+                                    f"plan): {exc}") from None
+    return {"kind": "builder", "target": target, "kwargs": kwargs}
+
+
+def load_function(target: str) -> Any:
+    """``"pkg.module:function"`` -> the function, with an error that says what did not import."""
+    builder_source(target)
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnsupportedModelError(f"model builder {target!r}: cannot import {module_name!r} ({exc}); install it or "
+                                    "put it on PYTHONPATH") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UnsupportedModelError(f"model builder {target!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+def hf_class(source: dict[str, Any]) -> Any:
+    """The transformers class a "hf" source names (or AutoModelForCausalLM's choice for its config)."""
+    try:
+        import transformers
+    except ImportError:
+        raise UnsupportedModelError("this plan's model is a Hugging Face model: pip install transformers") from None
+    name = source.get("class") or "AutoModelForCausalLM"
+    cls = getattr(transformers, name, None) if isinstance(name, str) and IDENTIFIER.match(name) else None
+    if cls is None:
+        raise UnsupportedModelError(f"transformers {transformers.__version__} has no model class {name!r}; "
+                                    "upgrade transformers, or plan with a builder 'pkg.module:function'")
+    return cls
+
+
+def hf_config(source: dict[str, Any]) -> Any:
+    import transformers
+
+    data = dict(source.get("config") or {})
+    model_type = data.get("model_type")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"the Hugging Face config's model_type {model_type!r} is not one transformers "
+                                    f"{transformers.__version__} knows ({exc}); upgrade transformers") from None
+
+
+def build(source: dict[str, Any]) -> nn.Module:
+    """The model of ``source``, built on the current default device (build under ``torch.device("meta")``
+    to allocate nothing)."""
+    kind = source.get("kind")
+    if kind == "zoo":  # named, not imported: the runtime does not depend on the zoo
+        if source.get("name"):
+            return load_function("meshplan.zoo:build")(source["name"])
+        return load_function("meshplan.zoo:build_from_config")(source["config"])
+    if kind == "hf":
+        cls = hf_class(source)
+        config = hf_config(source)
+        return cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+    if kind == "builder":
+        model = load_function(source["target"])(**source.get("kwargs", {}))
+        if not isinstance(model, nn.Module):
+            raise UnsupportedModelError(f"model builder {source['target']!r} returned {type(model).__name__}, "
+                                        "not an nn.Module")
+        return model
+    raise UnsupportedModelError(f"the plan's model source is {kind!r}: only the caller holds that model; pass it to "
+                                "plan.apply, or plan with a zoo name, a Hugging Face model or a builder "
+                                "'pkg.module:function' so that emit and run can build it")

@@ -1,0 +1,56 @@
+"""What each rank runs in the user-model parity tests: the plan's own source builds the model (a
+Hugging Face config, or a ``module:function`` builder), ``apply`` shards that module object, and it
+trains a few steps; losses (every rank) and full parameters (rank 0) come back for the test."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshplan import ir
+from meshplan.runtime import apply
+from meshplan.runtime.planned import logits_of, token_cross_entropy
+from meshplan.runtime.source import build
+from meshplan.runtime.train import synthetic_batch
+from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer
+
+import user_models
+
+
+def build_seeded(source: dict) -> torch.nn.Module:
+    torch.manual_seed(SEED)  # every rank, and the reference, build the same initial weights
+    return build(source)
+
+
+def reference(source: dict, vocab: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole batch: the model as its library runs it (a Hugging Face model without cache)."""
+    net = build_seeded(source)
+    opt = optimizer(net.parameters())
+    kwargs = {"use_cache": False} if source["kind"] == "hf" else {}
+    losses = []
+    for step in range(1, STEPS + 1):
+        x, y = synthetic_batch(vocab, GLOBAL_BATCH, SEQ_LEN, SEED, step)
+        loss = token_cross_entropy(logits_of(net(x, **kwargs)), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path) -> None:
+    results = {}
+    for case in payload["cases"]:
+        plan = ir.Plan.from_json(case["plan"])
+        model = build_seeded(plan.source)
+        pm = apply(plan, model, optimizer=optimizer)
+        assert pm.module is model or any(m is model for m in pm.module.modules()), "apply must shard the given module"
+        losses = []
+        for step in range(1, STEPS + 1):
+            x, y = synthetic_batch(case["vocab"], GLOBAL_BATCH, SEQ_LEN, SEED, step)
+            losses.append(pm.step(x, y))
+        params = pm.full_parameters()
+        results[case["name"]] = {"losses": losses, "params": params if rank == 0 else None,
+                                 "built": list(user_models.BUILT), "steps": pm.program.describe()}
+    torch.save(results, outdir / f"rank{rank}.pt")
