@@ -62,6 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_estimate(args: argparse.Namespace) -> int:
     cluster = parse_cluster(args.cluster)
     config = _config(args)
+    check_choices(args, config, cluster.world_size)
     plan = build_plan(config, cluster, args)  # bad degrees fail here, before the trace
     graph = _graph(config, args.seq_len)
     names = tuple(p.name for p in graph.params)
@@ -90,7 +91,7 @@ def _rate(flops_per_s: float) -> str:
 
 
 def _config(args: argparse.Namespace) -> zoo.ModelConfig:
-    if args.model:
+    if args.model is not None:  # '' too: the zoo says it has no such model
         config = zoo.config(args.model)
     else:
         from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # as cli._model
@@ -99,7 +100,30 @@ def _config(args: argparse.Namespace) -> zoo.ModelConfig:
         config = zoo.ModelConfig.from_dict(data)
     if args.seq_len > config.max_seq_len:
         raise ir.PlanError(f"seq_len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    ir.limits.check_positive_int("the model's layers", config.layers, ir.limits.MAX_LAYERS, what="layers")
     return config
+
+
+def check_choices(args: argparse.Namespace, config: zoo.ModelConfig, world: int) -> None:
+    """Choices that contradict each other or the model, each with its own rule, before any arithmetic
+    divides by them (``cli_flags.check_flags`` has made every degree a positive int already)."""
+    ir.limits.check_positive_int("the cluster's GPUs", world, ir.limits.MAX_GPUS, error=ir.InvalidClusterError,
+                                 what="GPUs")
+    name = args.model or config.name or config.family
+    if args.ep > 1 and not config.experts:
+        raise ir.InvalidPlanError(f"--ep {args.ep} needs a model with experts; {name} has none; drop --ep")
+    if args.ep > 1 and config.experts % args.ep:
+        raise ir.InvalidPlanError(f"--ep {args.ep} does not divide the {config.experts} experts of {name}; "
+                                  f"pass a divisor of {config.experts}")
+    if args.sp and args.tp == 1:
+        raise ir.InvalidPlanError("--sp needs --tp > 1: sequence parallelism splits the sequence over the tp "
+                                  "ranks; pass --tp or drop --sp")
+    if args.vp > 1 and args.pp == 1:
+        raise ir.InvalidPlanError(f"--vp {args.vp} needs --pp > 1: virtual stages interleave the chunks of "
+                                  "pipeline ranks; pass --pp or drop --vp")
+    if args.vp > 1 and args.schedule not in (None, str(ir.Schedule.INTERLEAVED_1F1B)):
+        raise ir.InvalidPlanError(f"--vp {args.vp} needs --schedule {ir.Schedule.INTERLEAVED_1F1B}, "
+                                  f"not {args.schedule}")
 
 
 def _graph(config: zoo.ModelConfig, seq_len: int) -> ir.Graph:

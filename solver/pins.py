@@ -31,12 +31,13 @@ def _check_mesh_product(world: int, fixed: dict[str, Any]) -> None:
     if not pinned:
         return
     size = prod(pinned.values())
-    text = " * ".join(f"{k}({v})" for k, v in pinned.items())
+    text = " * ".join(f"{k}({v})" for k, v in pinned.items()) + f" = {size}"
+    if len(pinned) == 1:
+        text = "{}={}".format(*next(iter(pinned.items())))
     if len(pinned) == 4 and size != world:
-        raise InfeasibleError(f"fixed: {text} = {size} != {world} GPUs of the cluster; make the degrees "
-                              f"multiply to {world}")
+        raise InfeasibleError(f"fixed: {text} != {world} GPUs of the cluster; make the degrees multiply to {world}")
     if world % size:
-        raise InfeasibleError(f"fixed: {text} = {size} does not divide the {world} GPUs ({world} % {size} = "
+        raise InfeasibleError(f"fixed: {text} does not divide the {world} GPUs ({world} % {size} = "
                               f"{world % size}); pin degrees whose product divides {world}")
 
 

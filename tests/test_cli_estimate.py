@@ -62,3 +62,39 @@ def test_fp8_on_a100_says_the_preset_has_no_fp8_peak(capsys) -> None:
     code, _, err = run(capsys, *TINY, "--cluster", "a100-80gb:1x8", "--dp", "8", "--dtype", "fp8")
     assert code == 2
     assert "has no float8 peak" in err and "bfloat16" in err  # names what it does list
+
+
+def one_line_error(code: int, err: str) -> str:
+    assert code == 2, err
+    assert err.startswith("meshplan: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("model, degrees, message", [
+    ("gpt-tiny", ("--tp", "0"), "--tp must be a positive integer, got 0"),  # was ZeroDivisionError
+    ("gpt-tiny", ("--micro-batch", "0"), "--micro-batch must be a positive integer, got 0"),  # was ZeroDivisionError
+    ("gpt-tiny", ("--pp", "-1"), "--pp must be a positive integer, got -1"),
+    ("gpt-tiny", ("--dp", "0"), "--dp must be a positive integer, got 0"),
+    ("gpt-tiny", ("--cp", "0"), "--cp must be a positive integer, got 0"),
+    ("gpt-tiny", ("--vp", "0"), "--vp must be a positive integer, got 0"),
+    ("gpt-tiny", ("--ep", "0"), "--ep must be a positive integer, got 0"),
+    ("gpt-tiny", ("--ep", "2"), "--ep 2 needs a model with experts; gpt-tiny has none"),
+    ("moe-tiny", ("--ep", "3"), "--ep 3 does not divide the 4 experts of moe-tiny"),
+    ("gpt-tiny", ("--tp", "1", "--sp"), "--sp needs --tp > 1"),
+    ("gpt-tiny", ("--vp", "3"), "--vp 3 needs --pp > 1"),
+    ("gpt-tiny", ("--pp", "2", "--vp", "2", "--schedule", "gpipe"), "--vp 2 needs --schedule interleaved-1f1b"),
+    ("", (), "unknown model ''"),  # was TypeError
+])
+def test_bad_choices_get_their_own_line(capsys, model, degrees, message) -> None:
+    code, _, err = run(capsys, "--model", model, "--global-batch", "8", "--seq-len", "64", "--cluster", "cpu:1x4",
+                       *degrees)
+    assert message in one_line_error(code, err)
+
+
+@pytest.mark.parametrize("size, message", [
+    (("--global-batch", str(2**63), "--seq-len", "64"), "exceeds the limit of 1099511627776 (2^40)"),
+    (("--global-batch", "8", "--seq-len", "0"), "--seq-len must be a positive integer, got 0"),
+])
+def test_sizes_beyond_the_limits_are_refused(capsys, size, message) -> None:
+    code, _, err = run(capsys, "--model", "gpt-tiny", "--cluster", "cpu:1x4", *size)
+    assert message in one_line_error(code, err)
