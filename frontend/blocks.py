@@ -23,14 +23,17 @@ Container = nn.ModuleList | nn.ModuleDict
 
 
 def repeated_lists(model: nn.Module) -> tuple[tuple[str, Container], ...]:
-    """(path, container) of every outermost ModuleList or ModuleDict whose children all hold parameters."""
+    """(path, container) of every outermost ModuleList or ModuleDict whose children are alike (one class)
+    and all hold parameters; nanoGPT's ``transformer`` dict of wte, wpe, h and ln_f is not one, its
+    ``transformer.h`` is."""
     found: list[tuple[str, Container]] = []
     for path, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.ModuleDict)) or not len(module):
             continue
         if any(path.startswith(outer + ".") for outer, _ in found):
             continue
-        if all(any(True for _ in child.parameters()) for _, child in module.named_children()):
+        children = [child for _, child in module.named_children()]
+        if len({type(c) for c in children}) == 1 and all(any(True for _ in c.parameters()) for c in children):
             found.append((path, module))
     return tuple(found)
 

@@ -13,6 +13,11 @@ Rules are data: ``LEAF_RULES`` maps a module class (``module.qualname``, subclas
     router   (n, h) @ (h, E)                        2 * n * h * E
     experts  k SwiGLU FFNs per token, 3 matmuls     2 * n * h * f * 3 * k
     bytes    every parameter (all experts) + input + output
+
+Grouped experts (a module whose own parameters are all (E, ., .), as Hugging Face's
+``MixtralExperts`` and ``Qwen3MoeExperts``) need no rule: when their routing cannot be traced
+(``experts_implementation="eager"`` loops over ``nonzero``), ``GROUPED_EXPERTS`` keeps them whole
+at 2 * n * k * (one expert's weights) FLOPs.
 """
 from __future__ import annotations
 
@@ -70,6 +75,30 @@ def routed_swiglu_cost(module: nn.Module, ins: tuple[TensorMeta, ...], outs: tup
     return LeafCost(flops=router + ffns, bytes=moved, experts=int(experts), top_k=top_k, ffn_hidden=int(ffn_hidden))
 
 
+def is_grouped_experts(module: nn.Module) -> bool:
+    """Experts stored as grouped weights, Hugging Face's way (``MixtralExperts``: ``gate_up_proj``
+    (E, 2f, h), ``down_proj`` (E, h, f)): every own parameter has 3 dims and the same E >= 2 first."""
+    own = list(module.parameters(recurse=False))
+    return bool(own) and all(p.dim() == 3 for p in own) and len({p.shape[0] for p in own}) == 1 \
+        and own[0].shape[0] >= 2
+
+
+def grouped_experts_cost(module: nn.Module, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...]) -> LeafCost:
+    """Grouped experts called as ``experts(x (n, h), top_k_index (n, k), top_k_weights (n, k))``: each
+    token passes through k experts, each expert's weights one matmul: 2 * n * k * (weights of one expert)."""
+    own = list(module.parameters(recurse=False))
+    experts, hidden = own[0].shape[0], ins[0].shape[-1]
+    top_k = int(ins[1].shape[-1]) if len(ins) > 1 and ins[1].shape else 1
+    per_expert = sum(p[0].numel() for p in own)
+    tokens = ins[0].numel / hidden
+    widths = [d for p in own for d in p.shape[1:] if d != hidden]
+    moved = param_bytes(module) + sum(i.nbytes for i in ins) + outs[0].nbytes
+    return LeafCost(flops=2 * tokens * top_k * per_expert, bytes=moved, experts=int(experts), top_k=top_k,
+                    ffn_hidden=int(min(widths, default=0)))
+
+
+GROUPED_EXPERTS = LeafRule(op=OpKind.MOE, cost=grouped_experts_cost)
+
 LEAF_RULES: Mapping[str, LeafRule] = MappingProxyType({
     "meshplan.zoo.models.MoE": LeafRule(op=OpKind.MOE, cost=routed_swiglu_cost),
 })
@@ -80,10 +109,13 @@ def qualname(cls: type) -> str:
 
 
 def rule_of(module: nn.Module, rules: Mapping[str, LeafRule]) -> tuple[str, LeafRule] | None:
-    """The rule for a module's class or its nearest base class that has one, with that class's name."""
+    """The rule for a module's class or its nearest base class that has one, with that class's name;
+    grouped experts (``is_grouped_experts``) without a rule of their own get ``GROUPED_EXPERTS``."""
     for cls in type(module).__mro__:
         if qualname(cls) in rules:
             return qualname(cls), rules[qualname(cls)]
+    if is_grouped_experts(module):
+        return qualname(type(module)), GROUPED_EXPERTS
     return None
 
 
