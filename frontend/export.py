@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import linecache
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -85,6 +86,23 @@ def _module_stack(err: BaseException, paths: Mapping[int, str]) -> list[str]:
     return stack
 
 
+def _failing_line(err: BaseException, module: nn.Module) -> str:
+    """``file:line `source``` of the deepest frame of ``module``'s own code on the failing stack: the op."""
+    found = ""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        tb = err.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_locals.get("self") is module:
+                code = tb.tb_frame.f_code
+                source = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+                found = f" at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" + (f" `{source[:120]}`" if source else "")
+            tb = tb.tb_next
+        err = err.__cause__ or err.__context__
+    return found
+
+
 _INPUT_NAMES = {"tokens": "(batch, seq) token ids", "huggingface": "input_ids=(batch, seq) token ids, use_cache=False",
                 "example_inputs": "the example_inputs"}
 
@@ -94,7 +112,8 @@ def _unsupported(err: Exception, path: str, module: nn.Module, inputs: Inputs) -
     cls = qualname(type(module))
     where = f"module {path!r} ({cls})" if path else f"the model's own forward ({cls})"
     return UnsupportedModelError(
-        f"cannot trace {where} on the meta device with {_INPUT_NAMES[inputs.kind]}: {type(err).__name__}: "
+        f"cannot trace {where}{_failing_line(err, module)} on the meta device with {_INPUT_NAMES[inputs.kind]}: "
+        f"{type(err).__name__}: "
         f"{summary}. meshplan traces with "
         "torch.export (non-strict) on meta tensors, so a forward must not branch on tensor values or make "
         "shapes from them (e.g. `if x.sum() > 0`, `.item()`, `.tolist()`, `nonzero`). Rewrite that part "

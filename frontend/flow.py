@@ -7,7 +7,7 @@ RMSNorm is pow, mean, rsqrt, mul), and which module a projection belongs to.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 
 from torch import nn
@@ -51,9 +51,9 @@ class Flow:
     def walk(self, start: Iterable[str], within: set[str] | None, up: bool,
              stop_at_projection: bool = False) -> Iterator[Node]:
         """Nodes reached from ``start`` (excluded), nearest first, staying in ``within``."""
-        seen, frontier = set(start), list(start)
+        seen, frontier = set(start), deque(start)
         while frontier:
-            name = frontier.pop(0)
+            name = frontier.popleft()
             node = self.by_name.get(name)
             if node is None:
                 continue
@@ -126,20 +126,3 @@ class Flow:
         if up and node is not None and self.is_projection(node):
             return node
         return next((n for n in self.walk([start], within, up=up) if self.is_projection(n)), None)
-
-
-def owner(param: str) -> str:
-    return param.rsplit(".", 1)[0] if "." in param else ""
-
-
-def common_module(paths: Iterable[str]) -> str:
-    """The deepest module that holds every path."""
-    split = [p.split(".") if p else [] for p in paths]
-    if not split:
-        return ""
-    common = []
-    for parts in zip(*split):
-        if any(p != parts[0] for p in parts):
-            break
-        common.append(parts[0])
-    return ".".join(common)
