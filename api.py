@@ -48,16 +48,19 @@ class Plan(ir.Plan):
             file.write_text(text, encoding="utf-8")
         return path
 
-    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool | None = None) -> Any:
+    def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool | None = None,
+              loss_fn: Callable | None = None) -> Any:
         """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``.
         ``fuse``: run the plan's fusions as generated Triton kernels; by default (None) when the plan
         records fusions and a GPU is there to compile them (on CPU they would run in Triton's
-        interpreter: ask for it with ``fuse=True`` and ``TRITON_INTERPRET=1``)."""
+        interpreter: ask for it with ``fuse=True`` and ``TRITON_INTERPRET=1``). ``loss_fn(output,
+        targets)`` for ``step``: default token cross-entropy on the logits (a tensor, ``.logits`` or a
+        tuple's first item)."""
         from .runtime import apply
 
         if fuse is None:
             fuse = bool(self.fusions) and torch.cuda.is_available()
-        return apply(self, model, optimizer=optimizer, fuse=fuse)
+        return apply(self, model, optimizer=optimizer, fuse=fuse, loss_fn=loss_fn)
 
 
 def as_api_plan(plan: ir.Plan) -> Plan:
@@ -122,15 +125,21 @@ def model_config(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> dict
     return out
 
 
-def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> frozenset[str]:
-    """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out)."""
-    runtime = set(solver.RUNTIME)
+def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[frozenset[str], tuple[str, ...]]:
+    """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
+    why the rest is not offered, in words for the report."""
+    runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
-        return frozenset(runtime)
-    runtime -= {"pp", "cp", "ep", "sp"}  # these run on the zoo's module classes (codegen.lower._check_model_modules)
+        return frozenset(runtime), ()
+    runtime -= {"pp", "cp", "ep", "sp"}
+    why.append("pipeline, context, expert and sequence parallelism are not offered: the runtime runs them on "
+               "meshplan's zoo module classes only so far (tensor, data and ZeRO parallelism and recompute run "
+               "on any model's modules)")
     if structure is None or not structure.num_blocks:
         runtime -= {"tp", "tp_replicate", "moe_tp"}
-    return frozenset(runtime)
+        why.append("tensor parallelism is not offered: no repeated blocks (a ModuleList or ModuleDict of alike "
+                   "layers) were found")
+    return frozenset(runtime), tuple(why)
 
 
 def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_len: int,
@@ -154,11 +163,13 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     zoo_modules = structure is not None and zoo_family(structure) is not None and source["kind"] == "zoo"
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
+    runtime, why_not = offered(structure, zoo_modules)
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
-                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top,
-                         runtime=offered(structure, zoo_modules))
+                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top, runtime=runtime)
     # fused kernels swap the zoo's module classes (codegen.fused): offered on those only
     fusions = fusion_names(find_fusions(graph)) if zoo_modules else ()
+    if structure is not None:
+        structure = replace(structure, notes=structure.notes + why_not)
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
     return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
                  for p in solver.solve(req, progress=progress))

@@ -21,7 +21,7 @@ def _row(label: str, value: str, note: str = "") -> str:
 def report(plan: Plan) -> str:
     name = plan.model.get("name") or plan.model.get("family", "model")
     lines = [f"meshplan: {name} on {plan.cluster} ({plan.world_size} GPUs), global batch {plan.global_batch} "
-             f"x {plan.seq_len} tokens", f"plan: {plan.summary()}", "", "parallelism"]
+             f"x {plan.seq_len} tokens", f"plan: {plan.summary()}", *_model_lines(plan), "", "parallelism"]
     for axis in AXES:
         lines.append(_row(axis, str(getattr(plan.mesh, axis)), _axis_note(plan, axis)))
     lines.append(_row("zero stage", str(plan.zero_stage), _zero_note(plan.zero_stage)))
@@ -53,6 +53,20 @@ def report(plan: Plan) -> str:
         if s.binding:
             lines.append(f"binding constraint: {s.binding}")
     return "\n".join(lines)
+
+
+def _model_lines(plan: Plan) -> list[str]:
+    """Where the model comes from, its blocks as the frontend found them, and what it could not use."""
+    src, st = plan.source, plan.structure
+    if not src and not st:
+        return []
+    kind = src.get("kind", "")
+    origin = {"zoo": "meshplan zoo", "hf": f"Hugging Face {src.get('class') or 'model'}",
+              "builder": f"builder {src.get('target')}", "module": "the caller's module"}.get(kind, kind)
+    blocks = f"{st.get('num_blocks', 0)} blocks in {st['blocks']!r}" if st.get("blocks") else "no repeated blocks"
+    lines = [f"model: {origin}; {blocks}"]
+    lines += [f"  note: {note}" for note in st.get("notes", ())]
+    return lines
 
 
 def _time_rows(pred) -> list[str]:

@@ -57,6 +57,11 @@ def logits_of(output: object) -> torch.Tensor:
     return logits
 
 
+def output_cross_entropy(output: object, targets: torch.Tensor) -> torch.Tensor:
+    """The default loss: token cross-entropy on the logits of whatever the model returned."""
+    return token_cross_entropy(logits_of(output), targets)
+
+
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token cross-entropy in fp32 (the formula of ``meshplan.zoo.loss_fn``)."""
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
@@ -136,10 +141,11 @@ class PlannedModule:
             loss_sum += loss.detach()
         return loss_sum
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The logits of ``x``: Hugging Face models are called without a KV cache (training)."""
+    def _forward(self, x: torch.Tensor) -> object:
+        """The model's output for ``x`` (what ``loss_fn`` takes): Hugging Face models are called without a
+        KV cache (training)."""
         kwargs = {"use_cache": False} if self._hf else {}
-        return logits_of(self.module(x, **kwargs))
+        return self.module(x, **kwargs)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, local: bool = False) -> float:
         """Forward, backward and optimizer step; returns the global mean loss (the same on every rank).
@@ -217,7 +223,7 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
         torch.cuda.set_device(device)  # NCCL and FSDP use the current device
     state = execute(program, model.to(device), device, mesh=mesh)
     factory = optimizer or default_optimizer
-    return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or token_cross_entropy)
+    return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or output_cross_entropy)
 
 
 def _check_model(plan: Plan, program: Program, model: nn.Module) -> None:

@@ -49,7 +49,8 @@ def plans() -> dict[str, mp.Plan]:
 @pytest.fixture(scope="module")
 def ranks(plans, tmp_path_factory) -> list[dict]:
     cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"]} for name, plan in plans.items()]
-    return launch(tmp_path_factory, 4, "user_model_cases:run_cases", {"cases": cases})
+    mismatch = {"plan": plans["hf llama dp2 x tp2 (solver's layouts)"].to_json(), "source": HF_GPT2}
+    return launch(tmp_path_factory, 4, "user_model_cases:run_cases", {"cases": cases, "mismatch": mismatch})
 
 
 def test_sources_are_recorded(plans) -> None:
@@ -81,3 +82,9 @@ def test_megatron_split_shards_the_users_attention(ranks) -> None:
 
 def test_builder_named_by_the_plan_was_called(ranks) -> None:
     assert "nanogpt" in ranks[0]["nanogpt dp2 x tp2"]["built"]
+
+
+def test_plan_for_another_model_is_refused_naming_the_parameter(ranks) -> None:
+    message = ranks[0]["mismatch"]
+    assert "made for another model" in message and "'transformer.wte.weight'" in message
+    assert "'model.embed_tokens.weight'" in message

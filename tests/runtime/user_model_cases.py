@@ -53,4 +53,11 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         params = pm.full_parameters()
         results[case["name"]] = {"losses": losses, "params": params if rank == 0 else None,
                                  "built": list(user_models.BUILT), "steps": pm.program.describe()}
+    if "mismatch" in payload:  # a plan applied to another model than its own: refused before any step
+        plan = ir.Plan.from_json(payload["mismatch"]["plan"])
+        try:
+            apply(plan, build_seeded(payload["mismatch"]["source"]))
+            results["mismatch"] = "applied"
+        except ir.InvalidPlanError as exc:
+            results["mismatch"] = str(exc)
     torch.save(results, outdir / f"rank{rank}.pt")
