@@ -26,7 +26,7 @@ from ..codegen import Program, lower
 from ..ir import InvalidPlanError, Plan
 from .checkpoint import load_checkpoint, save_checkpoint
 from .context import data_group, sequence_split
-from .distributed import device_for_rank, init_distributed
+from .distributed import device_for_rank, init_distributed, pg_timeout_s
 from .expert import expert_shard_groups, gather_expert_shard
 from .interpret import State, execute
 from .pipeline import build_schedule, full_parameters as pipeline_parameters, run_schedule
@@ -212,7 +212,8 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on CPU).
     """
     program = lower(plan, fuse=fuse)
-    init_distributed()
+    # a stopped or hung rank fails the step within minutes, not gloo's/NCCL's 30 (distributed.pg_timeout_s)
+    init_distributed(pg_timeout_s(plan.prediction.step_time_s if plan.prediction is not None else 0.0))
     world = dist.get_world_size()
     if plan.world_size != world:
         raise InvalidPlanError(f"the plan's mesh ({plan.mesh}) needs {plan.world_size} processes but the process "
