@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -10,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from . import ir
 

@@ -12,9 +12,7 @@ prints the plan with its prediction instead. ``cli.py`` registers it with ``add_
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from . import ir, zoo
