@@ -23,6 +23,8 @@ def check_pins_fit(dims: ModelDims, *, world: int, domain: int, global_batch: in
     _check_experts(dims, model_name, fixed, runtime)
     _check_sequence(seq_len, fixed)
     _check_layers(dims, model_name, fixed)
+    if fixed.get("vp", 1) > 1 and world == 1:
+        raise InfeasibleError(f"fixed: vp={fixed['vp']} needs pp > 1 but the cluster has 1 GPU; leave vp unset")
     _check_batch(global_batch, fixed)
 
 
