@@ -33,7 +33,9 @@ def split_pipeline_lines(step: SplitPipeline, target: str) -> tuple[str, list[st
         f"stage_layers = ({stages})",
         f'pp_rank, pp_group = mesh.get_local_rank("{axis}"), mesh["{axis}"].get_group()',
         f"stage_ids = range(pp_rank, len(stage_layers), {pp_size})",
-        "stage_modules = [parallelize(StageModule(model, *stage_layers[c]), mesh) for c in stage_ids]",
+        "last_stage = len(stage_layers) - 1  # the first or last stage may hold only the embedding or the head",
+        "stage_modules = [parallelize(StageModule(model, *stage_layers[c], embeds=c == 0, projects=c == last_stage),",
+        f"{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}     mesh) for c in stage_ids]",
         "stages = [PipelineStage(module, c, len(stage_layers), device, group=pp_group)",
         f"{INDENT}{INDENT}  for c, module in zip(stage_ids, stage_modules)]",
         "# the loss runs on the last stage; the schedule scales gradients by 1 / NUM_MICROBATCHES",
@@ -79,15 +81,19 @@ class StageLayers(torch.nn.ModuleDict):
 
 class StageModule(torch.nn.Module):
     """Layers [first, last) of the model; the first stage also embeds, the last also normalizes and
-    projects. Parameters keep the whole model's names ("layers.5.attn.wq.weight")."""
+    projects (a first or last stage may hold no layer: the embedding or the head alone, so say which
+    stage it is with embeds/projects). Parameters keep the whole model's names ("layers.5.attn.wq.weight")."""
 
-    def __init__(self, model: torch.nn.Module, first: int, last: int) -> None:
+    def __init__(self, model: torch.nn.Module, first: int, last: int, *, embeds: bool | None = None,
+                 projects: bool | None = None) -> None:
         super().__init__()
         whole = len(model.layers)
-        self.embed = model.embed if first == 0 else None
+        embeds = first == 0 if embeds is None else embeds
+        projects = last == whole if projects is None else projects
+        self.embed = model.embed if embeds else None
         self.layers = StageLayers({{str(i): model.layers[i] for i in range(first, last)}})
-        self.norm = model.norm if last == whole else None
-        self.output = model.output if last == whole else None
+        self.norm = model.norm if projects else None
+        self.output = model.output if projects else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:

@@ -230,9 +230,12 @@ def _check(plan: Plan) -> None:
         if len(plan.stages) != m.pp * plan.vp:
             bad(f"{len(plan.stages)} stages given but pp({m.pp}) * vp({plan.vp}) = {m.pp * plan.vp}")
         expect = 0
-        for first, last in plan.stages:
-            if first != expect or last <= first:
-                bad(f"stages must cover the layers in order without gaps or empty stages; got {list(plan.stages)}")
+        for c, (first, last) in enumerate(plan.stages):
+            # only chunk 0 (the embedding alone) and the last chunk (the head alone) may hold no layer
+            ends = c in (0, len(plan.stages) - 1) and len(plan.stages) > 1
+            if first != expect or last < first or (last == first and not ends):
+                bad(f"stages must cover the layers in order without gaps or empty stages (only the first and "
+                    f"last may be empty: the embedding or the head alone); got {list(plan.stages)}")
             expect = last
         if plan.recompute and expect != len(plan.recompute):
             bad(f"stages cover {expect} layers but the model has {len(plan.recompute)}")

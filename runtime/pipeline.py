@@ -50,13 +50,18 @@ class StageModule(nn.Module):
     the first stage also embeds, the last also normalizes and projects. ``None`` where another
     stage holds the part. The modules are the model's own (moved, not copied)."""
 
-    def __init__(self, model: nn.Module, first: int, last: int) -> None:
+    def __init__(self, model: nn.Module, first: int, last: int, *, embeds: bool | None = None,
+                 projects: bool | None = None) -> None:
         super().__init__()
         whole = len(model.layers)
-        self.embed = model.embed if first == 0 else None
+        # a first or last chunk may hold no layer (the embedding or the head alone; solver/stages.py),
+        # so [0, 0) then [0, 1) must not both embed: the split says which chunk is first and last
+        embeds = first == 0 if embeds is None else embeds
+        projects = last == whole if projects is None else projects
+        self.embed = model.embed if embeds else None
         self.layers = StageLayers({str(i): model.layers[i] for i in range(first, last)})
-        self.norm = model.norm if last == whole else None
-        self.output = model.output if last == whole else None
+        self.norm = model.norm if projects else None
+        self.output = model.output if projects else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
@@ -110,7 +115,8 @@ def split_pipeline(step: SplitPipeline, state: Any) -> None:
                                f"{type(state.model).__name__} lacks {missing}; build it from plan.model")
     pp_rank = state.mesh.get_local_rank(step.mesh_axis)
     ids = tuple(range(pp_rank, len(step.stages), step.pp_size))
-    modules = [StageModule(state.model, *step.stages[c]) for c in ids]
+    last = len(step.stages) - 1
+    modules = [StageModule(state.model, *step.stages[c], embeds=c == 0, projects=c == last) for c in ids]
     state.pipeline = Pipeline(split=step, stage_ids=ids, modules=modules, group=state.mesh[step.mesh_axis].get_group())
     state.model = LocalStages(modules)
 

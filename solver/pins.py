@@ -90,12 +90,14 @@ def _check_layers(dims: ModelDims, name: str, fixed: dict[str, Any]) -> None:
     if pp > dims.layers:
         raise InfeasibleError(f"fixed: pp={pp} exceeds the {dims.layers} layers of {name}; a stage holds at "
                               f"least one layer: pin pp <= {dims.layers}")
-    if vp > 1 and 2 * vp > dims.layers:
-        raise InfeasibleError(f"fixed: vp={vp} needs at least pp(2) * vp({vp}) = {2 * vp} layers but {name} has "
-                              f"{dims.layers}; pin vp <= {dims.layers // 2}")
-    if vp > 1 and pp * vp > dims.layers:
+    # a chunk holds a layer, except chunk 0 and the last (the embedding or the head alone; solver/stages.py)
+    if vp > 1 and 2 * vp > dims.layers + 2:
+        raise InfeasibleError(f"fixed: vp={vp} needs at least pp(2) * vp({vp}) - 2 = {2 * vp - 2} layers but {name} "
+                              f"has {dims.layers}; pin vp <= {(dims.layers + 2) // 2}")
+    if vp > 1 and pp * vp > dims.layers + 2:
         raise InfeasibleError(f"fixed: pp({pp}) * vp({vp}) = {pp * vp} chunks but {name} has {dims.layers} "
-                              "layers; a chunk holds at least one layer: pin a smaller pp or vp")
+                              "layers; a chunk holds at least one layer (the first and last chunk may hold only "
+                              "the embedding or the head): pin a smaller pp or vp")
 
 
 def _check_batch(global_batch: int, fixed: dict[str, Any]) -> None:

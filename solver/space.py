@@ -217,7 +217,7 @@ def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tup
             out.append((Schedule.ZERO_BUBBLE, 1))
         if microbatches % pp == 0:
             vps = (fixed["vp"],) if fixed.get("vp", 1) > 1 else VIRTUAL_STAGES
-            out += [(Schedule.INTERLEAVED_1F1B, v) for v in vps if pp * v <= layers]
+            out += [(Schedule.INTERLEAVED_1F1B, v) for v in vps if pp * v <= layers + 2]  # stages.max_chunks
     return [(s, v) for s, v in out if fixed.get("schedule", s) == s and fixed.get("vp", v) == v]
 
 

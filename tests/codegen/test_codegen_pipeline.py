@@ -84,7 +84,8 @@ def test_script_builds_stages_and_the_schedule() -> None:
     assert 'mesh = init_device_mesh(device.type, (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))' in src
     assert "    stage_layers = ((0, 1), (1, 3), (3, 4), (4, 6))\n" in src
     assert "    stage_ids = range(pp_rank, len(stage_layers), 2)\n" in src
-    assert "stage_modules = [parallelize(StageModule(model, *stage_layers[c]), mesh) for c in stage_ids]" in src
+    assert ("stage_modules = [parallelize(StageModule(model, *stage_layers[c], embeds=c == 0, "
+            "projects=c == last_stage),") in src
     assert "        stages, n_microbatches=NUM_MICROBATCHES, loss_fn=meshplan.zoo.loss_fn)" in src
     assert ("    if model.embed is not None:  # only the first stage embeds\n"
             "        parallelize_module(model.embed") in src
