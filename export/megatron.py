@@ -1,0 +1,181 @@
+"""A plan as Megatron-LM / NeMo (Megatron-Core) command-line arguments for ``pretrain_gpt.py``.
+
+The flags are those of Megatron-LM's ``megatron/training/arguments.py`` at commit d98e8a6
+(megatron-core 0.20.0): ``FLAGS`` below was read from that parser (``add_megatron_arguments``), each
+with its destination and kind, so that ``parse`` reads the text back as Megatron would.
+
+Mapping: ZeRO-1 and 2 are Megatron's distributed optimizer (optimizer states sharded, gradients
+reduce-scattered); HSDP is ``--num-distributed-optimizer-instances dp / zero_group``; ZeRO-3 is
+``--use-torch-fsdp2``, which Megatron refuses with pipeline or expert parallelism. Uneven first or
+last pipeline stages are ``--decoder-first/last-pipeline-num-layers`` (the middle stages even), other
+layouts ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between
+chunks, chunk ``i`` on pipeline rank ``i % pp``, as in meshplan). Recompute: selective is Megatron's
+selective (the attention core, Korthikanti et al. 2022); full on the first n layers of every chunk is
+``--recompute-method block --recompute-num-layers n``; full on all layers is ``uniform 1``.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from ..ir import Plan, Recompute, Schedule
+from .common import layer_counts, recompute_kinds, refuse
+
+VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
+# flag -> (dest, kind, choices); kind "int", "str" or "true" (store_true)
+FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "--tensor-model-parallel-size": ("tensor_model_parallel_size", "int", ()),
+    "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", "int", ()),
+    "--num-virtual-stages-per-pipeline-rank": ("num_virtual_stages_per_pipeline_rank", "int", ()),
+    "--decoder-first-pipeline-num-layers": ("decoder_first_pipeline_num_layers", "int", ()),
+    "--decoder-last-pipeline-num-layers": ("decoder_last_pipeline_num_layers", "int", ()),
+    "--pipeline-model-parallel-layout": ("pipeline_model_parallel_layout", "str", ()),
+    "--context-parallel-size": ("context_parallel_size", "int", ()),
+    "--expert-model-parallel-size": ("expert_model_parallel_size", "int", ()),
+    "--expert-tensor-parallel-size": ("expert_tensor_parallel_size", "int", ()),
+    "--micro-batch-size": ("micro_batch_size", "int", ()),
+    "--global-batch-size": ("global_batch_size", "int", ()),
+    "--seq-length": ("seq_length", "int", ()),
+    "--max-position-embeddings": ("max_position_embeddings", "int", ()),
+    "--sequence-parallel": ("sequence_parallel", "true", ()),
+    "--use-distributed-optimizer": ("use_distributed_optimizer", "true", ()),
+    "--num-distributed-optimizer-instances": ("num_distributed_optimizer_instances", "int", ()),
+    "--use-torch-fsdp2": ("use_torch_fsdp2", "true", ()),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", "true", ()),
+    "--recompute-granularity": ("recompute_granularity", "str", ("full", "selective")),
+    "--recompute-method": ("recompute_method", "str", ("uniform", "block")),
+    "--recompute-num-layers": ("recompute_num_layers", "int", ()),
+    "--bf16": ("bf16", "true", ()),
+    "--fp16": ("fp16", "true", ()),
+    "--num-layers": ("num_layers", "int", ()),
+    "--hidden-size": ("hidden_size", "int", ()),
+    "--ffn-hidden-size": ("ffn_hidden_size", "int", ()),
+    "--num-attention-heads": ("num_attention_heads", "int", ()),
+    "--group-query-attention": ("group_query_attention", "true", ()),
+    "--num-query-groups": ("num_query_groups", "int", ()),
+    "--num-experts": ("num_experts", "int", ()),
+    "--moe-router-topk": ("moe_router_topk", "int", ()),
+    "--swiglu": ("swiglu", "true", ()),
+    "--normalization": ("normalization", "str", ("LayerNorm", "RMSNorm")),
+    "--position-embedding-type": ("position_embedding_type", "str",
+                                  ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")),
+}
+
+
+def unsupported(plan: Plan) -> list[str]:
+    m, missing = plan.mesh, []
+    if m.pp > 1 and plan.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
+        missing.append(f"the {plan.schedule} pipeline schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
+    if plan.zero_stage == 3 and m.pp > 1:
+        missing.append("ZeRO-3 under pipeline parallelism (--use-torch-fsdp2 is not supported with pipeline "
+                       "parallelism)")
+    if plan.zero_stage == 3 and m.ep > 1:
+        missing.append("ZeRO-3 with expert parallelism (--use-torch-fsdp2 is not supported with expert parallelism)")
+    if plan.zero_group and plan.zero_stage == 3:
+        missing.append(f"HSDP zero_group={plan.zero_group} with ZeRO-3 (distributed-optimizer instances are "
+                       "ZeRO-1/2)")
+    if recompute_kinds(plan) >= {Recompute.SELECTIVE, Recompute.FULL}:
+        missing.append("selective and full recomputation in one model (--recompute-granularity is one value)")
+    elif Recompute.FULL in plan.recompute and _block_layers(plan) is None:
+        missing.append("full recomputation of other than the first n layers of every pipeline chunk")
+    return missing
+
+
+def _block_layers(plan: Plan) -> int | None:
+    """n when every chunk recomputes exactly its first n layers in full (Megatron's 'block' method)."""
+    bounds = plan.stages or ((0, plan.layers),)
+    counts = {next((i for i, r in enumerate(plan.recompute[a:b]) if r != Recompute.FULL), b - a) for a, b in bounds}
+    if len(counts) != 1:
+        return None
+    n = counts.pop()
+    tails_clean = all(Recompute.FULL not in plan.recompute[a + n:b] for a, b in bounds)
+    return n if tails_clean and n else None
+
+
+def _pipeline_args(plan: Plan) -> list[str]:
+    m = plan.mesh
+    if m.pp == 1:
+        return []
+    args = ["--pipeline-model-parallel-size", str(m.pp)]
+    counts = layer_counts(plan)
+    if len(set(counts)) == 1:
+        return args + (["--num-virtual-stages-per-pipeline-rank", str(plan.vp)] if plan.vp > 1 else [])
+    middle = counts[1:-1]
+    if plan.vp == 1 and len(set(middle)) <= 1:
+        return args + ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                       "--decoder-last-pipeline-num-layers", str(counts[-1])]
+    chunks = [f"t*{n}" for n in counts]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"  # 'E' and 'L' ride with the first and last chunk
+    return args + ["--pipeline-model-parallel-layout", "|".join(chunks)]
+
+
+def _memory_args(plan: Plan) -> list[str]:
+    args = []
+    if plan.zero_stage in (1, 2):
+        args.append("--use-distributed-optimizer")
+        if plan.zero_group:
+            args += ["--num-distributed-optimizer-instances", str(plan.mesh.dp // plan.zero_group)]
+    elif plan.zero_stage == 3:
+        args += ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"]
+    kinds = recompute_kinds(plan)
+    if Recompute.SELECTIVE in kinds:
+        args += ["--recompute-granularity", "selective"]
+    elif kinds == {Recompute.FULL}:
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif Recompute.FULL in kinds:
+        args += ["--recompute-granularity", "full", "--recompute-method", "block",
+                 "--recompute-num-layers", str(_block_layers(plan))]
+    return args
+
+
+def _model_args(plan: Plan) -> list[str]:
+    c = plan.model
+    args = ["--num-layers", str(c["layers"]), "--hidden-size", str(c["hidden"]),
+            "--ffn-hidden-size", str(c["ffn_hidden"]), "--num-attention-heads", str(c["heads"]),
+            "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(c.get("max_seq_len", plan.seq_len))]
+    if c.get("kv_heads") and c["kv_heads"] != c["heads"]:
+        args += ["--group-query-attention", "--num-query-groups", str(c["kv_heads"])]
+    if c.get("family") in ("llama", "moe"):
+        args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
+    if c.get("experts"):
+        args += ["--num-experts", str(c["experts"]), "--moe-router-topk", str(c.get("top_k") or 1)]
+    return args
+
+
+def to_megatron(plan: Plan) -> str:
+    """Megatron-LM arguments for ``plan``: one flag per line, ready to follow ``pretrain_gpt.py``."""
+    refuse("Megatron-LM", unsupported(plan))
+    m = plan.mesh
+    args = ["--tensor-model-parallel-size", str(m.tp), *_pipeline_args(plan),
+            "--context-parallel-size", str(m.cp), "--expert-model-parallel-size", str(m.ep)]
+    if m.ep > 1:
+        args += ["--expert-tensor-parallel-size", "1"]  # meshplan shards experts over ep, not over tp
+    args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
+    args += ["--sequence-parallel"] if plan.sequence_parallel else []
+    args += _memory_args(plan)
+    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"]}.get(plan.dtype, [])
+    args += _model_args(plan)
+    lines, i = [], 0
+    while i < len(args):
+        takes_value = FLAGS[args[i]][1] != "true"
+        lines.append(shlex.join(args[i:i + 1 + takes_value]))
+        i += 1 + takes_value
+    head = f"# {VERSION} arguments for: {plan.summary()} (meshplan)\n"
+    return head + " \\\n".join(lines) + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    """An argparse parser with Megatron's own definitions of ``FLAGS`` (to read an export back)."""
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False, exit_on_error=False)
+    for flag, (dest, kind, choices) in FLAGS.items():
+        if kind == "true":
+            p.add_argument(flag, dest=dest, action="store_true")
+        else:
+            p.add_argument(flag, dest=dest, type=int if kind == "int" else str, choices=choices or None)
+    return p
+
+
+def parse(text: str) -> argparse.Namespace:
+    """The values Megatron would read from ``to_megatron``'s text."""
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return parser().parse_args(shlex.split(body.replace("\\\n", " ")))
