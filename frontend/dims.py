@@ -3,7 +3,7 @@
 From a config (``model.config``), by field name: the zoo's ``ModelConfig`` names first, then the
 usual Hugging Face names (``CONFIG_NAMES``); ``head_dim`` is the config's own when it has one (it
 is not always hidden / heads: GPT-OSS has hidden 2880 and 64 heads of 64). From a traced graph,
-when there is no config:
+when there is no config, or ``trace`` finds one without the required names (``has_config_dims``):
 
     vocab, hidden   the embedding table's (rows, columns); without an embedding, the width of the
                     model's first input
@@ -52,6 +52,11 @@ def _lookup(config: Any, names: Sequence[str]) -> Any:
         if value is not None:
             return value
     return None
+
+
+def has_config_dims(config: Any) -> bool:
+    """The config names every required dimension (``_REQUIRED``) with an integer."""
+    return all(isinstance(_lookup(config, CONFIG_NAMES[f]), int) for f in _REQUIRED)
 
 
 def dims_from_config(config: Any) -> ModelDims:

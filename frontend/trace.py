@@ -18,7 +18,7 @@ from torch import nn
 
 from ..ir import Graph, ModelDims, ModelStructure, Node, Param, UnsupportedModelError
 from .blocks import Container, build_blocks, layer_paths, layers_of, repeated_lists
-from .dims import dims_from_config, infer_dims, normalized_family
+from .dims import dims_from_config, has_config_dims, infer_dims, normalized_family
 from .export import export_meta
 from .fastpath import fast_path_list, replicate, truncated
 from .inputs import ExampleInputs, Inputs, make_inputs
@@ -65,7 +65,10 @@ def _graph_dtype(params: Sequence[Param]) -> str:
 def _dims(model: nn.Module, nodes: Sequence[Node], params: Sequence[Param], blocks: Sequence,
           leaf_costs: Mapping[str, LeafCost], structure: ModelStructure) -> ModelDims:
     config = getattr(model, "config", None)
-    dims = dims_from_config(config) if config is not None else infer_dims(nodes, params, blocks, leaf_costs)
+    if config is not None and has_config_dims(config):
+        dims = dims_from_config(config)
+    else:  # no config, or one without the usual names (e.g. T5's num_heads): read the graph
+        dims = infer_dims(nodes, params, blocks, leaf_costs)
     return normalized_family(dims, structure)
 
 

@@ -236,3 +236,26 @@ def test_data_dependent_grouped_experts_become_a_leaf_with_the_same_flops():
     assert graph.structure == grouped.structure == ir.ModelStructure(**EXPECTED["mixtral"])
     experts = [n for n in grouped.nodes if n.module_path == "model.layers.0.mlp.experts" and n.op == ir.OpKind.MATMUL]
     assert ir.evaluate(leaf[0].flops, batch=2, seq=8) == sum(ir.evaluate(n.flops, batch=2, seq=8) for n in experts)
+
+
+class _DuckLM(torch.nn.Module):
+    """Not a transformers class, but called the Hugging Face way: input_ids=, use_cache=."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = type("Config", (), {"model_type": "duck"})()
+        self.emb = torch.nn.Embedding(16, 8)
+
+    def forward(self, input_ids: torch.Tensor | None = None, use_cache: bool | None = None) -> torch.Tensor:
+        assert use_cache is False  # the frontend asks for no KV cache
+        return self.emb(input_ids)
+
+
+def test_hugging_face_calling_convention_by_class_or_duck_typing(build):
+    from meshplan.frontend.inputs import is_huggingface
+
+    assert is_huggingface(hf_model("llama")) and is_huggingface(_DuckLM())
+    assert not is_huggingface(build("llama-tiny")) and not is_huggingface(mlp_stack())
+    graph = trace(_DuckLM())
+    assert [n.outputs[0].shape for n in graph.nodes if n.target == "input"] == [(ir.BATCH, ir.SEQ)]
+    assert graph.structure.embed == "emb" and graph.structure.blocks == ""
