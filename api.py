@@ -131,10 +131,10 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[fro
     runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
         return frozenset(runtime), ()
-    runtime -= {"pp", "cp", "ep", "sp"}
-    why.append("pipeline, context, expert and sequence parallelism are not offered: the runtime runs them on "
-               "meshplan's zoo module classes only so far (tensor, data and ZeRO parallelism and recompute run "
-               "on any model's modules)")
+    runtime -= {"pp", "cp", "sp"}
+    why.append("pipeline, context and sequence parallelism are not offered: the runtime runs them on meshplan's "
+               "zoo module classes only so far (tensor, expert, data and ZeRO parallelism and recompute run on "
+               "any model's modules)")
     if structure is None or not structure.num_blocks:
         runtime -= {"tp", "tp_replicate", "moe_tp"}
         why.append("tensor parallelism is not offered: no repeated blocks (a ModuleList or ModuleDict of alike "

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir import InvalidPlanError, Plan
+from ..ir import InvalidPlanError, ModelStructure, Plan
 from . import safe
 from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FullyShard, Step
 
-EXPERTS = "mlp.experts"  # the stacked experts of a zoo MoE block (w1, w3: (E, h, f); w2: (E, f, h))
+# the stacked experts of a MoE block are at ``structure.experts`` in each block: the zoo's ``mlp.experts``
+# (w1, w3: (E, h, f); w2: (E, f, h)), Hugging Face Mixtral's ``mlp.experts`` (gate_up_proj, down_proj)
 
 
 def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for expert-parallel plans the runtime cannot execute, with the numbers."""
     m, experts = plan.mesh, int(plan.model.get("experts") or 0)
-    if cfg["family"] != "moe" or experts < 2:
+    if not cfg["structure"].experts or experts < 2:
         raise InvalidPlanError(f"expert parallelism (ep={m.ep}) needs a MoE model, but plan.model is family "
                                f"{cfg['family']!r} with {experts} experts; plan with ep=1")
     if experts % m.ep:
@@ -54,7 +55,7 @@ def hsdp_for_plain_dp(plan: Plan) -> bool:
     return plan.mesh.ep > 1 and plan.zero_stage == 0
 
 
-def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], layers: int) -> list[Step]:
+def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], s: ModelStructure) -> list[Step]:
     """The expert mesh, then each block's experts sharded over ep."""
     ep, dp = plan.mesh.ep, plan.mesh.dp
     dims: list[tuple[str, int]] = []
@@ -62,17 +63,17 @@ def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], layers: 
         dims += [("edp", dp // ep), ("ep", ep)] if name == "dp" else [(name, size)]
     steps: list[Step] = [ExpertMesh(dims=tuple(dims))]
     num_experts = int(plan.model["experts"])
-    steps += [ExpertParallel(module=f"layers.{i}.{EXPERTS}", num_experts=num_experts, ep_size=ep)
-              for i in range(layers)]
+    steps += [ExpertParallel(module=f"{s.block_path(i)}.{s.experts}", num_experts=num_experts, ep_size=ep)
+              for i in range(s.num_blocks)]
     return steps
 
 
-def expert_data_parallel(plan: Plan, layers: int) -> list[Step]:
+def expert_data_parallel(plan: Plan, s: ModelStructure) -> list[Step]:
     """FSDP of each block's expert shard over edp: HSDP-as-DDP (zero 0) or ZeRO-2/3 over edp."""
     zero = plan.zero_stage
     axes = ("edp", "dp_shard") if zero == 0 else ("edp",)
-    return [FullyShard(module=f"layers.{i}.{EXPERTS}", mesh_axes=axes, reshard_after_forward=zero == 3)
-            for i in range(layers)]
+    return [FullyShard(module=f"{s.block_path(i)}.{s.experts}", mesh_axes=axes, reshard_after_forward=zero == 3)
+            for i in range(s.num_blocks)]
 
 
 def on_expert_mesh(axes: tuple[str, ...]) -> bool:

@@ -50,7 +50,7 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     if plan.mesh.cp > 1:
         steps += context.context_parallel(plan, cfg)
     if plan.mesh.ep > 1:
-        steps += expert.expert_parallel(plan, steps[0].dims, cfg["layers"])
+        steps += expert.expert_parallel(plan, steps[0].dims, cfg["structure"])
     steps += _recompute(plan, cfg)
     steps += _data_parallel(plan, cfg)
     if plan.mesh.pp > 1:
@@ -120,7 +120,7 @@ def _check_model_modules(plan: Plan, cfg: dict[str, Any]) -> None:
     if not cfg["zoo"]:
         # context parallelism and the pipeline stages run the zoo's module classes (runtime.context,
         # runtime.pipeline); other models get tensor, data and ZeRO parallelism and recompute
-        for axis in ("pp", "cp", "ep"):
+        for axis in ("pp", "cp"):
             if getattr(m, axis) > 1:
                 raise InvalidPlanError(f"{axis}({getattr(m, axis)}) > 1: the runtime runs {axis} only on meshplan's "
                                        f"zoo modules so far, and this model's structure is not one (blocks "
@@ -202,7 +202,7 @@ def _data_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
     # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
     # head and the embedding are needed again as soon as backward starts.
     s = cfg["structure"]
-    steps: list[Step] = expert.expert_data_parallel(plan, cfg["layers"]) if plan.mesh.ep > 1 else []
+    steps: list[Step] = expert.expert_data_parallel(plan, s) if plan.mesh.ep > 1 else []
     steps += [FullyShard(module=s.block_path(i), mesh_axes=axes, reshard_after_forward=zero == 3)
               for i in range(cfg["layers"])]
     steps.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))

@@ -26,6 +26,7 @@ tokens' gradient is unchanged). FSDP's default averaging over edp then yields ex
 """
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -120,7 +121,44 @@ class ExpertParallelMixin:
         return dispatch_combine(x, counts, self.ep_group, super().forward)  # type: ignore[misc]
 
 
+class RoutedExpertParallelMixin(ExpertParallelMixin):
+    """The same for experts called with the router's choice, ``forward(hidden_states, top_k_index,
+    top_k_weights)`` (Hugging Face's Mixtral / Qwen-MoE experts: (n, h), (n, k), (n, k) -> (n, h)).
+
+    The token slots are sorted by global expert and dispatched as above; on the receiving rank the
+    original forward runs each slot through its local expert with index ``e - first local`` and weight
+    1, and the router's weights are applied back home, where the slots are summed per token in expert
+    order, as the original forward sums them."""
+
+    num_experts_global: int
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,  # type: ignore[override]
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        k = top_k_index.shape[-1]
+        flat = top_k_index.reshape(-1)
+        order = flat.argsort(stable=True)  # token slots grouped by global expert
+        counts = torch.bincount(flat, minlength=self.num_experts_global).tolist()
+        token_of_slot = order // k
+        base = super(ExpertParallelMixin, self).forward
+
+        def local_experts(slots: torch.Tensor, local_counts: list[int]) -> torch.Tensor:
+            ids = torch.repeat_interleave(torch.arange(len(local_counts)), torch.tensor(local_counts)).to(slots.device)
+            return base(slots, ids[:, None], torch.ones(len(ids), 1, dtype=slots.dtype, device=slots.device))
+
+        out_sorted = dispatch_combine(hidden_states[token_of_slot], counts, self.ep_group, local_experts)
+        weights = top_k_weights.reshape(-1)[order, None].to(out_sorted.dtype)
+        out = torch.zeros_like(hidden_states)
+        out.index_add_(0, token_of_slot, out_sorted * weights)
+        return out
+
+
 _CLASSES: dict[type, type] = {}
+
+
+def _routed(cls: type) -> bool:
+    """The experts' forward takes the router's choice (three tensors) rather than sorted slots and counts."""
+    params = [p for p in inspect.signature(cls.forward).parameters.values() if p.name != "self"]
+    return len(params) == 3
 
 
 def _ep_class(cls: type) -> type:
@@ -128,7 +166,8 @@ def _ep_class(cls: type) -> type:
     if issubclass(cls, ExpertParallelMixin):
         return cls
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"ExpertParallel{cls.__name__}", (ExpertParallelMixin, cls), {})
+        mixin = RoutedExpertParallelMixin if _routed(cls) else ExpertParallelMixin
+        _CLASSES[cls] = type(f"ExpertParallel{cls.__name__}", (mixin, cls), {})
     return _CLASSES[cls]
 
 
@@ -155,6 +194,9 @@ def shard_experts(experts: nn.Module, ep_mesh: DeviceMesh) -> nn.Module:
         setattr(experts, name, nn.Parameter(kept, requires_grad=param.requires_grad))
     experts.__class__ = _ep_class(type(experts))
     experts.ep_group = ep_mesh.get_group()
+    experts.num_experts_global = per_rank * ep
+    if isinstance(getattr(experts, "num_experts", None), int):
+        experts.num_experts = per_rank  # the original forward loops over the experts this rank holds
     return experts
 
 

@@ -19,8 +19,9 @@ import user_model_cases  # noqa: E402
 import user_models  # noqa: E402
 
 HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()}
+HF_MIXTRAL = {"kind": "hf", "class": "MixtralForCausalLM", "config": user_models.hf_mixtral_config()}
 HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
-PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")
+PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
 
 def _plan(model, **fixed) -> mp.Plan:
@@ -39,6 +40,7 @@ def plans() -> dict[str, mp.Plan]:
         "hf llama dp2 x tp2 megatron split": dataclasses.replace(llama_tp, param_layouts={}),
         "hf llama zero3 dp4 full recompute": _plan(HF_LLAMA, dp=4, tp=1, zero=3, micro_batch=2,
                                                    num_microbatches=1, recompute="full"),
+        "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                 seq_len=SEQ_LEN, fixed={**PINS, "dp": 2, "tp": 2, "zero": 0,
@@ -61,7 +63,8 @@ def test_sources_are_recorded(plans) -> None:
 
 
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
-                                  "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2", "nanogpt dp2 x tp2"])
+                                  "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
+                                  "hf mixtral ep2 x dp4 zero3", "nanogpt dp2 x tp2"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -78,6 +81,11 @@ def test_megatron_split_shards_the_users_attention(ranks) -> None:
     steps = ranks[0]["hf llama dp2 x tp2 megatron split"]["steps"]
     assert "TensorParallel(model.layers.0)" in steps and "self_attn.q_proj: colwise" in steps
     assert "self_attn.o_proj: rowwise" in steps and "lm_head: colwise" in steps
+
+
+def test_mixtral_experts_are_split_over_ep(ranks) -> None:
+    steps = ranks[0]["hf mixtral ep2 x dp4 zero3"]["steps"]
+    assert "ExpertParallel" in steps and "model.layers.1.mlp.experts" in steps
 
 
 def test_builder_named_by_the_plan_was_called(ranks) -> None:

@@ -98,3 +98,9 @@ class NanoGPT(nn.Module):
 def nanogpt(n_layer: int = 2, n_embd: int = 64, n_head: int = 4) -> NanoGPT:
     BUILT.append("nanogpt")
     return NanoGPT(n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+
+
+def hf_mixtral_config() -> dict:
+    return dict(model_type="mixtral", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
+                num_experts_per_tok=2, router_jitter_noise=0.0)
