@@ -48,6 +48,12 @@ class Plan(ir.Plan):
             file.write_text(text, encoding="utf-8")
         return path
 
+    def to_html(self, path: str | Path) -> Path:
+        """Write this plan's report as one self-contained HTML file with plots (``report_html``)."""
+        from .report_html import to_html
+
+        return to_html(self, path)
+
     def apply(self, model: torch.nn.Module, *, optimizer: Callable | None = None, fuse: bool | None = None,
               loss_fn: Callable | None = None) -> Any:
         """Shard ``model`` in place as the plan says (inside torchrun); returns a ``PlannedModule``.

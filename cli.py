@@ -16,9 +16,9 @@ GB = 1e9
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
-    src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
+    from .cli_model import add_model_args
+
+    add_model_args(p)
     p.add_argument("--cluster", required=True,
                    help="NAME:NODESxGPUS, e.g. h100-sxm:16x8 (or a preset name), a cluster file CLUSTER.json (the "
                         "presets' format) or a profile from `meshplan calibrate`")
@@ -43,22 +43,17 @@ def _fixed(args: argparse.Namespace) -> dict:
     return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
 
 
-def _model(args: argparse.Namespace):
-    if args.model is not None:  # '' too: the zoo says it has no such model
-        return args.model
-    from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # a regular file, bounded size, depth and numbers
-
-    return read_json_file(args.model_config, max_bytes=MAX_CONFIG_BYTES, what="model config")
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from .api import plans
+    from .cli_model import model_arg, model_kwargs
 
-    progress = (lambda msg: print(f"[meshplan] {msg}", file=sys.stderr)) if not args.json else None
+    from .cli_progress import status
+
     start = time.perf_counter()
-    found = plans(_model(args), args.cluster, global_batch=args.global_batch, seq_len=args.seq_len,
-                  fixed=_fixed(args), dtype=args.dtype, time_limit_s=args.time_limit, top=max(args.top, 1),
-                  progress=progress)
+    with status("planning", quiet=args.quiet or args.json) as progress:  # a TTY only (cli_progress.py)
+        found = plans(model_arg(args), args.cluster, global_batch=args.global_batch, seq_len=args.seq_len,
+                      fixed=_fixed(args), dtype=args.dtype, time_limit_s=args.time_limit, top=max(args.top, 1),
+                      progress=progress, model_kwargs=model_kwargs(args))
     best = found[0]
     if args.output:
         best.save(args.output)
@@ -115,7 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # agent, or they connect to dead peers (pytorch/pytorch#135712): each attempt gets its own store
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        code = subprocess.call(cmd, env=env)
+        from .cli_progress import call_with_steps
+
+        code = call_with_steps(cmd, env, steps=args.steps, quiet=args.quiet)
     except BaseException:
         if temporary:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -173,11 +170,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from . import zoo
     from .api import load
+    from .runtime.source import build as build_model
     from .runtime.train import run_training
 
     plan = load(args.plan)
-    torch.manual_seed(args.seed)
-    model = zoo.build_from_config(plan.model)
+    torch.manual_seed(args.seed)  # every rank builds the same initial weights
+    model = build_model(plan.source) if plan.source else zoo.build_from_config(plan.model)
     if args.checkpoint_dir or args.checkpoint_every or args.save_final:
         from .runtime.resume import run_resumable
 
@@ -206,7 +204,11 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .runtime.calibrate import main as calibrate_main
 
-    return calibrate_main(["--nproc", str(args.nproc), "-o", args.output])
+    from .cli_progress import status
+
+    with status("calibrating (matmuls, memory copies, collectives)", quiet=args.quiet, delay_s=0.0) as update:
+        update(f"{args.nproc} processes")
+        return calibrate_main(["--nproc", str(args.nproc), "-o", args.output])
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -256,6 +258,9 @@ def parser() -> argparse.ArgumentParser:
     from .cli_estimate import add_parser as add_estimate
 
     add_estimate(sub)
+    from .cli_report import add_parser as add_report, add_quiet
+
+    add_report(sub)  # report, export, compare
     ca = sub.add_parser("calibrate", help="time this machine into a profile usable as --cluster profile.json")
     ca.add_argument("--nproc", type=int, default=4)
     ca.add_argument("-o", "--output", default="profile.json")
@@ -263,6 +268,7 @@ def parser() -> argparse.ArgumentParser:
     zo = sub.add_parser("zoo", help="the model zoo")
     zo.add_argument("action", choices=("list",))
     zo.set_defaults(func=cmd_zoo)
+    add_quiet(pl, rn, ca)
     return p
 
 

@@ -19,6 +19,7 @@ ALLOWED = {
     "codegen": ({"ir", "codegen"}, {"triton", "sympy"}),
     "runtime": ({"ir", "codegen", "runtime"}, {"torch", "transformers"}),
     "zoo": ({"zoo", "ir"}, {"torch"}),
+    "export": ({"ir", "export"}, set()),
 }
 
 
