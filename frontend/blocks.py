@@ -1,7 +1,8 @@
 """Repeated layers: find them, group their nodes into ``ir.Block`` values, and name their kinds.
 
 A repeated layer is a child of an ``nn.ModuleList`` (``layers.3``) or an ``nn.ModuleDict``
-(torchtitan's ``layers["3"]``, also ``layers.3``) that is not inside another repeated layer, so that a list of experts inside a layer stays part of its layer. Two layers
+(torchtitan's ``layers["3"]``, also ``layers.3``) of alike children that is not inside another
+repeated layer, so that a list of experts inside a layer stays part of its layer. Two layers
 are of the same kind when their signatures are equal: the layer's class, its parameters (names
 relative to the layer, shapes, dtypes), and its nodes in order (kind, target, module and
 parameters relative to the layer, which inputs come from inside the layer, shapes, FLOPs, bytes).

@@ -97,7 +97,8 @@ def _failing_line(err: BaseException, module: nn.Module) -> str:
             if tb.tb_frame.f_locals.get("self") is module:
                 code = tb.tb_frame.f_code
                 source = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-                found = f" at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" + (f" `{source[:120]}`" if source else "")
+                found = f" at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+                found += f" `{source[:120]}`" if source else ""
             tb = tb.tb_next
         err = err.__cause__ or err.__context__
     return found

@@ -123,7 +123,7 @@ class ModelDims:
     vocab: int
     experts: int = 0
     top_k: int = 0
-    head_dim: int = 0  # the attention head width; 0 means hidden // heads (not always so: GPT-OSS 2880 / 64 heads of 64)
+    head_dim: int = 0  # attention head width; 0: hidden // heads (not always so: GPT-OSS, 2880 and 64 heads of 64)
 
     def __post_init__(self) -> None:
         if not self.head_dim:

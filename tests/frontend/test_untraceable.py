@@ -91,6 +91,7 @@ def test_a_model_without_config_or_attention_still_traces_and_says_what_it_lacks
     del toy.config
     rule = LeafRule(op=ir.OpKind.OTHER, cost=lambda m, ins, outs: LeafCost(flops=0, bytes=0))
     graph = trace(toy, leaf_rules={qualname(DataDependentGate): rule})
-    assert (graph.dims.heads, graph.dims.head_dim, graph.dims.hidden, graph.dims.vocab, graph.dims.layers) == (0, 0, 8, 10, 3)
+    dims = graph.dims
+    assert (dims.heads, dims.head_dim, dims.hidden, dims.vocab, dims.layers) == (0, 0, 8, 10, 3)
     assert graph.structure.blocks == "layers" and graph.structure.embed == "emb" and graph.structure.head == "out"
     assert any(note.startswith("layers.*: no attention op") for note in graph.structure.notes)
