@@ -5,7 +5,10 @@
 
 No search runs: the plan is built as given (dp, when left out, is what the GPUs leave after
 tp * pp * cp) and costed by ``cost_model.estimate``. Pipeline stages split the layers evenly, the
-first chunks taking the remainder, unless ``--stages`` lists the layers per chunk. The report is
+first chunks taking the remainder, unless ``--stages`` lists the layers per chunk or Megatron-LM's
+uneven split is asked for (``--first-stage-layers``/``--last-stage-layers``, the account-for-embedding
+/loss flags: ``solver/stages.megatron_counts``), e.g. Llama 3.1 405B's ``--pp 16 --vp 8
+--first-stage-layers 7 --last-stage-layers 7``. The report is
 the one ``meshplan plan`` prints, plus a line with model and hardware FLOP/s per GPU; ``--json``
 prints the plan with its prediction instead. ``cli.py`` registers it with ``add_parser``.
 """
@@ -19,6 +22,7 @@ from . import ir, zoo
 from .cost_model import Cluster, estimate, parse_cluster, software_named
 from .cost_model.software import SOFTWARE
 from .solver.layouts import param_layouts
+from .solver.stages import megatron_counts
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp8": "float8",
           "float8": "float8", "fp32": "float32", "float32": "float32"}
@@ -43,12 +47,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--vp", type=int, default=1, help="virtual stages per pipeline rank (interleaved 1F1B)")
     g.add_argument("--micro-batch", type=int, default=1)
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    g.add_argument("--zero-group", type=int, default=0, metavar="G",
+                   help="HSDP: ZeRO-2/3 shard groups of G data-parallel ranks, replicated across dp / G groups; "
+                        "a group may span nodes (FSDP2's shard degree; default 0: shard over all of dp)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     g.add_argument("--schedule", choices=[str(s) for s in ir.Schedule],
                    help="default: interleaved-1f1b when vp > 1, else 1f1b")
     g.add_argument("--stages", help="layers per pipeline chunk, comma-separated (default: even)")
+    g.add_argument("--first-stage-layers", type=int, metavar="N",
+                   help="layers on the first pipeline rank, the other ranks sharing the rest evenly (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers); with --vp its chunk 0 is the lighter one and may "
+                        "hold only the embedding")
+    g.add_argument("--last-stage-layers", type=int, metavar="M",
+                   help="layers on the last pipeline rank (Megatron-LM's --decoder-last-pipeline-num-layers)")
+    g.add_argument("--account-for-embedding-in-pipeline-split", dest="account_embedding", action="store_true",
+                   help="the embedding counts as one layer of the first chunk (Megatron-LM's flag of that name)")
+    g.add_argument("--account-for-loss-in-pipeline-split", dest="account_loss", action="store_true",
+                   help="the output layer and loss count as one layer of the last chunk (Megatron-LM's flag)")
     g.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16, or fp32 where the cluster has no bf16")
     p.add_argument("--software", choices=sorted(SOFTWARE), default="meshplan",
                    help="the program that runs the plan: its attention kernel and overlaps (default: meshplan)")
@@ -152,9 +169,21 @@ def _mesh(args: argparse.Namespace, world: int) -> ir.Mesh:
 
 def _stages(args: argparse.Namespace, layers: int) -> tuple[tuple[int, int], ...]:
     chunks = args.pp * args.vp
+    megatron = dict(first=args.first_stage_layers, last=args.last_stage_layers, embedding=args.account_embedding,
+                    loss=args.account_loss)
+    given = [flag for flag, value in (("--first-stage-layers", megatron["first"]),
+                                      ("--last-stage-layers", megatron["last"]),
+                                      ("--account-for-embedding-in-pipeline-split", megatron["embedding"] or None),
+                                      ("--account-for-loss-in-pipeline-split", megatron["loss"] or None))
+             if value is not None]
+    if given and (args.pp == 1 or args.stages):
+        raise ir.InvalidPlanError(f"{given[0]} places layers on pipeline ranks: it needs --pp > 1 and no --stages "
+                                  f"(got pp({args.pp}){', --stages' if args.stages else ''})")
     if args.pp == 1 and args.vp == 1 and not args.stages:
         return ()
-    if args.stages:
+    if given:
+        counts = list(megatron_counts(layers, args.pp, args.vp, **megatron))
+    elif args.stages:
         try:
             counts = [int(x) for x in args.stages.split(",")]
         except ValueError:
@@ -166,7 +195,9 @@ def _stages(args: argparse.Namespace, layers: int) -> tuple[tuple[int, int], ...
     else:
         if layers < chunks:
             raise ir.InvalidPlanError(f"pp({args.pp}) * vp({args.vp}) = {chunks} chunks but the model has "
-                                      f"{layers} layers")
+                                      f"{layers} layers; the first and last chunk may hold only the embedding "
+                                      "and the head: pass --first-stage-layers/--last-stage-layers or "
+                                      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
         base, rest = divmod(layers, chunks)
         counts = [base + (1 if c < rest else 0) for c in range(chunks)]
     bounds = [0]
@@ -188,7 +219,7 @@ def build_plan(config: zoo.ModelConfig, cluster: Cluster, args: argparse.Namespa
     schedule = args.schedule or ("interleaved-1f1b" if args.vp > 1 else "1f1b")
     sp = (mesh.tp > 1) if args.sp is None else args.sp
     return ir.Plan(model=config.to_dict(), cluster=cluster.spec, global_batch=args.global_batch,
-                   seq_len=args.seq_len, mesh=mesh, zero_stage=args.zero, sequence_parallel=sp,
+                   seq_len=args.seq_len, mesh=mesh, zero_stage=args.zero, zero_group=args.zero_group, sequence_parallel=sp,
                    micro_batch_size=args.micro_batch, num_microbatches=args.global_batch // per_step,
                    schedule=schedule, vp=args.vp, recompute=(args.recompute,) * config.layers,
                    stages=_stages(args, config.layers), dtype=dtype)

@@ -71,7 +71,7 @@ class Candidate:
     num_microbatches: int
     schedule: Schedule = Schedule.ONE_F_ONE_B
     vp: int = 1
-    zero_group: int = 0  # HSDP: ZeRO-2/3 inside groups of this many dp ranks (one node); 0 = all of dp
+    zero_group: int = 0  # HSDP: ZeRO-2/3 inside groups of this many dp ranks (within or across nodes); 0 = all of dp
 
     @property
     def group(self) -> tuple:
@@ -249,12 +249,14 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
 
 
 def _zero_groups(mesh: dict[str, int], domain: int, fixed: dict[str, Any], runtime: frozenset) -> tuple[int, ...]:
-    """0 (shard over all of dp), and HSDP with one scale-up domain's data ranks as the shard group when that is
-    > 1, < dp and divides dp (the runtime: without pp, cp or ep)."""
-    g = domain // (mesh["tp"] * mesh["cp"])
-    ok = ("hsdp" in runtime and 1 < g < mesh["dp"] and mesh["dp"] % g == 0
-          and mesh["pp"] == mesh["cp"] == mesh["ep"] == 1)
-    out = (0, g) if ok else (0,)
+    """0 (shard over all of dp), and HSDP shard groups of every size g with 1 < g < dp, g | dp, that fit a
+    scale-up domain's data ranks or are a whole number of them: inside a node, or spanning nodes (a group
+    of 32 on 64 GPUs, as NeMo Automodel runs Llama 3 70B; the cost model prices the cross-node part on
+    the network tier). The runtime: without pp, cp or ep."""
+    node = max(1, domain // (mesh["tp"] * mesh["cp"]))
+    ok = "hsdp" in runtime and mesh["pp"] == mesh["cp"] == mesh["ep"] == 1
+    groups = [g for g in divisors(mesh["dp"]) if 1 < g < mesh["dp"] and (node % g == 0 or g % node == 0)] if ok else []
+    out = (0, *groups)
     return tuple(z for z in out if fixed.get("zero_group", z) == z)
 
 
