@@ -1,0 +1,146 @@
+"""Each export read back as its framework reads it: torchtitan 0.2.2's ConfigManager, DeepSpeed
+0.19.8's DeepSpeedConfig (each skipped, saying why, when not installed: `pip install
+'.[report-check]'`), and Megatron-LM's argument definitions (``export.megatron.FLAGS``, read from its
+parser at d98e8a6); plans a framework cannot run are refused naming the feature."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
+from plans import plan  # noqa: E402  (planned once per session)
+
+from meshplan import ir  # noqa: E402
+from meshplan.export import export, megatron  # noqa: E402
+
+
+def _no_recompute(p):
+    return dataclasses.replace(p, recompute=(ir.Recompute.NONE,) * p.layers)
+
+
+def _torchtitan(tmp_path, p):
+    pytest.importorskip("torchtitan", reason="torchtitan 0.2.2 not installed (pip install '.[report-check]')")
+    from torchtitan.config import ConfigManager
+
+    path = tmp_path / "job.toml"
+    path.write_text(export(p, "torchtitan"))
+    return ConfigManager().parse_args(["--job.config_file", str(path)])
+
+
+@pytest.mark.parametrize("kind", ["dense", "pipeline-ddp", "zero3"])
+def test_torchtitan_reads_the_plan(tmp_path, kind):
+    p = plan(kind)
+    p = _no_recompute(p) if kind == "zero3" else p
+    cfg = _torchtitan(tmp_path, p)
+    par, tr, m = cfg.parallelism, cfg.training, p.mesh
+    assert par.data_parallel_replicate_degree * max(par.data_parallel_shard_degree, 1) == m.dp
+    assert (par.data_parallel_shard_degree > 1) == (p.zero_stage >= 2)
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
+            par.expert_parallel_degree) == (m.tp, m.pp, m.cp, m.ep)
+    assert tr.global_batch_size == p.global_batch and tr.seq_len == p.seq_len
+    accumulation = tr.global_batch_size // (tr.local_batch_size * m.dp)  # torchtitan's Trainer.__init__
+    if m.pp > 1:
+        assert tr.local_batch_size // par.pipeline_parallel_microbatch_size == p.num_microbatches
+        assert par.pipeline_parallel_microbatch_size == p.micro_batch_size and accumulation == 1
+        assert par.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}[p.schedule]
+        layers = [[int(f.split(".")[1]) for f in part if f.startswith("layers.")]
+                  for part in par.module_fqns_per_model_part]
+        assert [(ls[0], ls[-1] + 1) for ls in layers] == [tuple(s) for s in p.stages]
+    else:
+        assert tr.local_batch_size == p.micro_batch_size and accumulation == p.num_microbatches
+    assert cfg.activation_checkpoint.mode == ("none" if set(p.recompute) == {"none"} else "full")
+
+
+def test_torchtitan_every_nth_full_layer(tmp_path):
+    p = plan("zero3")
+    p = dataclasses.replace(p, recompute=tuple("full" if i % 4 == 3 else "none" for i in range(p.layers)))
+    cfg = _torchtitan(tmp_path, p)
+    assert (cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option) == ("selective", "4")
+
+
+@pytest.mark.parametrize("kind", ["pipeline-ddp", "zero3"])
+def test_deepspeed_reads_the_plan(monkeypatch, kind):
+    pytest.importorskip("deepspeed", reason="DeepSpeed 0.19.8 not installed (pip install '.[report-check]')")
+    from deepspeed.runtime import config as ds_config
+
+    p = plan(kind)
+    p = _no_recompute(p) if kind == "zero3" else p
+    data = json.loads(export(p, "deepspeed"))
+
+    class Mpu:  # DeepSpeed reads the data-parallel size from the model-parallel unit
+        def get_data_parallel_world_size(self):
+            return p.mesh.dp
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    cfg = ds_config.DeepSpeedConfig(data, mpu=Mpu())
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (
+        p.global_batch, p.micro_batch_size, p.num_microbatches)
+    assert cfg.zero_optimization_stage == p.zero_stage and cfg.bfloat16_config.enabled == (p.dtype == "bfloat16")
+    assert data["meshplan"]["pipeline_stages"] == p.mesh.pp
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "pipeline-ddp"])
+def test_megatron_reads_the_plan(kind):
+    p = plan(kind)
+    a, m = megatron.parse(export(p, "megatron")), p.mesh
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size or 1, a.context_parallel_size,
+            a.expert_model_parallel_size) == (m.tp, m.pp, m.cp, m.ep)
+    assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (p.micro_batch_size, p.global_batch, p.seq_len)
+    assert a.global_batch_size // (a.micro_batch_size * m.dp) == p.num_microbatches  # Megatron's accumulation
+    assert a.sequence_parallel == p.sequence_parallel
+    assert a.use_distributed_optimizer == (p.zero_stage in (1, 2)) and a.bf16 == (p.dtype == "bfloat16")
+    assert a.num_layers == p.layers and a.num_experts == (p.model.get("experts") or None)
+    counts = [b - f for f, b in p.stages] if p.stages else [p.layers]
+    if a.pipeline_model_parallel_layout:  # chunk i = "E"? "t*n" "L"?, i % pp the rank (Megatron's layout)
+        chunks = a.pipeline_model_parallel_layout.split("|")
+        assert [int(c.strip("EL").split("*")[1]) for c in chunks] == counts
+    elif a.decoder_first_pipeline_num_layers is not None:
+        assert (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers) == (counts[0], counts[-1])
+    else:
+        assert len(set(counts)) == 1 and (a.num_virtual_stages_per_pipeline_rank or 1) == p.vp
+    full = sum(r == "full" for r in p.recompute)
+    if full:  # MoE plan: the first n layers of the one chunk, Megatron's 'block' method
+        assert (a.recompute_granularity, a.recompute_method) == ("full", "block" if full < p.layers else "uniform")
+        assert a.recompute_method == "uniform" or list(p.recompute[:a.recompute_num_layers]) == ["full"] * full
+
+
+def test_megatron_flags_are_megatrons():
+    """Every flag written is one Megatron's parser defines (FLAGS), with a value of its kind."""
+    for kind in ("dense", "moe", "pipeline-ddp"):
+        text = export(plan(kind), "megatron")
+        written = [w for w in text.split() if w.startswith("--")]
+        assert written and set(written) <= set(megatron.FLAGS)
+
+
+def test_refusals_name_the_feature():
+    dense = plan("dense")
+    zb = dataclasses.replace(dense, schedule="zero-bubble", vp=1, stages=((0, 16), (16, 32)))
+    with pytest.raises(ir.InvalidPlanError, match="zero-bubble pipeline schedule"):
+        export(zb, "deepspeed")
+    with pytest.raises(ir.InvalidPlanError, match="zero-bubble"):
+        export(zb, "megatron")
+    with pytest.raises(ir.InvalidPlanError, match="ZeRO-3 under pipeline parallelism"):
+        export(dataclasses.replace(dense, zero_stage=3), "megatron")
+    with pytest.raises(ir.InvalidPlanError, match="expert parallelism ep=8"):
+        export(plan("moe"), "deepspeed")
+    with pytest.raises(ir.InvalidPlanError, match="selective and full recomputation"):
+        export(plan("zero3"), "megatron") if len(set(plan("zero3").recompute)) == 3 else export(
+            dataclasses.replace(plan("zero3"), recompute=("full", "selective") * 16), "megatron")
+    with pytest.raises(ir.InvalidPlanError, match="ZeRO-1"):
+        export(dataclasses.replace(plan("zero3"), zero_stage=1), "torchtitan")
+
+
+def test_cli_export_refusal_is_one_line(tmp_path):
+    path = dataclasses.replace(plan("dense"), zero_stage=3).save(tmp_path / "p.json")
+    out = subprocess.run([sys.executable, "-m", "meshplan.cli", "export", str(path), "--to", "megatron"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "ZeRO-3 under pipeline parallelism" in out.stderr and "Traceback" not in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "meshplan.cli", "export", str(path.with_name("q.json")), "--to",
+                         "deepspeed"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 2 and "q.json" in ok.stderr
