@@ -5,7 +5,7 @@ from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
                       ShardOptimizer, TensorParallel)
-from . import fused, safe
+from . import fused, model_source, safe
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
@@ -37,7 +37,7 @@ def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str
         lines.append("from torch.nn.parallel import DistributedDataParallel")
     if any(isinstance(s, Recompute) and s.policy == Policy.SELECTIVE for s in program.steps):
         lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
-    lines += ["", "import meshplan.zoo"]
+    lines += model_source.imports(program)  # what builds the model: the zoo, transformers or the user's builder
     if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
         lines.append("from meshplan.runtime.expert import shard_experts")
     lines += context_imports(program)  # all-gather attention: torch's context_parallel has no CPU kernel rule
@@ -110,6 +110,15 @@ def _parallelize_function(lines: list[str]) -> str:
             'parallelism."""\n' + "\n".join(body) + f"\n{INDENT}return model\n")
 
 
+def _model_block(program: Program, parts: ModuleType) -> str:
+    """Build the model from the plan's source (``model_source``), then parallelize it."""
+    if model_source.kind(program) == "zoo":
+        return parts.MAIN_MODEL.rstrip("\n").lstrip("\n")
+    lines = ["torch.manual_seed(args.seed)  # every rank builds the same initial weights",
+             *model_source.build_lines(program), "model = parallelize(model, mesh)"]
+    return "\n".join(INDENT + line for line in lines)
+
+
 def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType, *,
              kernels_module: str = "fused_kernels") -> str:
     """The whole script; ``parts`` is the ``codegen.script`` module of text templates."""
@@ -120,16 +129,20 @@ def assemble(program: Program, sections: dict[str, list[str]], name: str, parts:
     config = config_code(program.config)
     numbers = {key: safe.integer(getattr(program, key), f"Program.{key}") for key in (
         "global_batch", "seq_len", "dp_size", "num_microbatches", "micro_batch_size")}
+    model_source.check_emittable(program)
     text = [header, "\n".join(imports(program, kernels_module)), parts.CONSTANTS.format(config=config, **numbers)]
+    text += model_source.constants(program)
     save_ops = {safe.op_name(op, "Recompute.save_ops entry") for s in program.steps if isinstance(s, Recompute)
                 for op in s.save_ops}
     if save_ops:
         text.append(parts.SELECTIVE.format(ops="\n".join(f"{INDENT}torch.ops.{op}," for op in sorted(save_ops))))
     text += fused.definitions(program)  # the fused subclasses FuseKernel steps swap in
     text += [_parallelize_function(sections["parallelize"]), parts.DATA, parts.MAIN_START]
-    main = [INDENT + line for line in sections["mesh"]] + [parts.MAIN_MODEL.rstrip("\n").lstrip("\n")]
+    main = [INDENT + line for line in sections["mesh"]] + [_model_block(program, parts)]
     optimizer = sections["optimizer"] or ["optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)"]
     main += [INDENT + line for line in optimizer]
     text.append("\n".join(main))
-    text.append(parts.LOOP.format(micro_step="\n".join(micro_step(program, parts.FORWARD_BACKWARD))).rstrip("\n"))
+    forward = parts.FORWARD_BACKWARD if model_source.kind(program) == "zoo" else [
+        model_source.loss_line(program), "loss.backward()"]
+    text.append(parts.LOOP.format(micro_step="\n".join(micro_step(program, forward))).rstrip("\n"))
     return "".join(t if t.endswith("\n") else t + "\n" for t in text)

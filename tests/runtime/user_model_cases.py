@@ -23,10 +23,10 @@ def build_seeded(source: dict) -> torch.nn.Module:
     return build(source)
 
 
-def reference(source: dict, vocab: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(source: dict, vocab: int, make_optimizer=optimizer) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process, the whole batch: the model as its library runs it (a Hugging Face model without cache)."""
     net = build_seeded(source)
-    opt = optimizer(net.parameters())
+    opt = make_optimizer(net.parameters())
     kwargs = {"use_cache": False} if source["kind"] == "hf" else {}
     losses = []
     for step in range(1, STEPS + 1):

@@ -1,0 +1,91 @@
+"""How an emitted script builds its model and reads the logits, from the plan's source (``plan.source``).
+
+    zoo       model = meshplan.zoo.build_from_config(MODEL_CONFIG)            logits = model(x)
+    hf        model = transformers.<Class>._from_config(AutoConfig(HF_CONFIG)) logits = model(x, use_cache=False).logits
+    builder   from pkg.module import function as build_user_model
+              model = build_user_model(**BUILDER_KWARGS)                       logits = logits_of(model(x))
+    module    refused: only the caller holds that model (plan.apply runs it; emit needs a source to build it)
+
+Everything from the plan enters as data: the class, module and function names are checked as
+identifiers (``safe.name``), the config and keyword arguments are Python literals (``safe.literal``).
+"""
+from __future__ import annotations
+
+from ..ir import InvalidPlanError
+from . import safe
+from .program import Program
+
+INDENT = "    "
+
+
+def kind(program: Program) -> str:
+    return program.source.get("kind", "zoo") if program.source else "zoo"
+
+
+def check_emittable(program: Program) -> None:
+    if kind(program) not in ("zoo", "hf", "builder"):
+        raise InvalidPlanError("the plan's model source is 'module': only the caller holds that model, so a script "
+                               "cannot build it; plan it from a builder (autoparallelize('pkg.module:function', ...) "
+                               "or meshplan plan --model pkg.module:function), or use plan.apply(model) in your loop")
+
+
+def imports(program: Program) -> list[str]:
+    k = kind(program)
+    if k == "zoo":
+        return ["", "import meshplan.zoo"]
+    if k == "hf":
+        return ["", "import transformers", "", "from meshplan.runtime.planned import token_cross_entropy"]
+    module, function = _target(program)
+    return ["", f"from {module} import {function} as build_user_model",
+            "", "from meshplan.runtime.planned import logits_of, token_cross_entropy"]
+
+
+def _target(program: Program) -> tuple[str, str]:
+    target = program.source.get("target")
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise InvalidPlanError(f"plan.source.target is {target!r}; a builder is 'pkg.module:function'")
+    module, function = target.split(":")
+    for part in module.split("."):
+        safe.name(part, "plan.source.target's module")
+    return module, safe.name(function, "plan.source.target's function")
+
+
+def constants(program: Program) -> list[str]:
+    """Module-level constants the model's construction reads."""
+    k = kind(program)
+    if k == "hf":
+        config = program.source.get("config")
+        if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+            raise InvalidPlanError("plan.source.config must be a Hugging Face config with a model_type")
+        items = [f"{INDENT}{safe.literal(key, 'plan.source.config key')}: {safe.literal(value, 'plan.source.config')},"
+                 for key, value in config.items()]
+        return ["", "HF_CONFIG = {  # the model's transformers config, as the plan recorded it", *items, "}"]
+    if k == "builder":
+        kwargs = program.source.get("kwargs", {})
+        return ["", f"BUILDER_KWARGS = {safe.literal(kwargs, 'plan.source.kwargs')}  # the builder's arguments"]
+    return []
+
+
+def build_lines(program: Program) -> list[str]:
+    """The lines in ``main`` that build the model on ``device`` (after the seed is set)."""
+    k = kind(program)
+    if k == "zoo":
+        return ["model = meshplan.zoo.build_from_config(MODEL_CONFIG).to(device)"]
+    if k == "hf":
+        cls = safe.name(program.source.get("class") or "AutoModelForCausalLM", "plan.source.class")
+        make = "from_config" if cls.startswith("Auto") else "_from_config"
+        return ["config = dict(HF_CONFIG)",
+                "config = transformers.AutoConfig.for_model(config.pop(\"model_type\"), **config)",
+                f"model = transformers.{cls}.{make}(config).to(device)"]
+    return ["model = build_user_model(**BUILDER_KWARGS).to(device)"]
+
+
+def loss_line(program: Program) -> str:
+    """The micro-batch's loss, from the model's output on ``x``."""
+    k = kind(program)
+    if k == "zoo":
+        return "loss = meshplan.zoo.loss_fn(model(x.to(device)), y.to(device)) / NUM_MICROBATCHES"
+    if k == "hf":
+        return ("loss = token_cross_entropy(model(x.to(device), use_cache=False).logits, y.to(device)) "
+                "/ NUM_MICROBATCHES")
+    return "loss = token_cross_entropy(logits_of(model(x.to(device))), y.to(device)) / NUM_MICROBATCHES"
