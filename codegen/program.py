@@ -181,8 +181,8 @@ class SplitPipeline:
             raise InvalidPlanError(f"SplitPipeline: {len(self.stages)} stages do not split into pp ranks of "
                                    f"vp({self.vp}) stages each (at least 2 stages)")
         expect = 0
-        for first, last in self.stages:
-            if first != expect or last <= first:
+        for c, (first, last) in enumerate(self.stages):  # only the first/last stage may be the embedding/head alone
+            if first != expect or last < first or (last == first and c not in (0, len(self.stages) - 1)):
                 raise InvalidPlanError(f"SplitPipeline: stages must cover the layers in order, got {self.stages}")
             expect = last
 

@@ -15,10 +15,11 @@ from parity_support import SEED, make_plan, optimizer
 
 
 def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path) -> None:
-    """``payload``: {"cases": [{name, model, plan: make_plan kwargs, zero_group, mode}]}."""
+    """``payload``: {"cases": [{name, model, plan: make_plan kwargs, zero_group, mode, cluster?}]}."""
     results = {}
     for case in payload["cases"]:
-        plan = dataclasses.replace(make_plan(case["model"], **case["plan"]), zero_group=case["zero_group"])
+        plan = dataclasses.replace(make_plan(case["model"], **case["plan"]), zero_group=case["zero_group"],
+                                   **({"cluster": case["cluster"]} if "cluster" in case else {}))
         torch.manual_seed(SEED)
         model = zoo.build(case["model"])
         pm = apply(plan, model, optimizer=optimizer)

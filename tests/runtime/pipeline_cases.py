@@ -11,6 +11,7 @@ import torch
 from meshplan import ir, zoo
 from meshplan.runtime import apply
 from meshplan.runtime.train import synthetic_batch
+from meshplan.solver.stages import bounds, megatron_counts
 from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer
 
 
@@ -21,6 +22,11 @@ def even_stages(layers: int, count: int) -> tuple[tuple[int, int], ...]:
     for c in range(count):
         bounds.append(bounds[-1] + size + (c < extra))
     return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+def megatron_stages(layers: int, pp: int, vp: int, **flags) -> tuple[tuple[int, int], ...]:
+    """Stages as Megatron-LM's uneven-pipeline flags place them (``solver/stages.megatron_counts``)."""
+    return bounds(megatron_counts(layers, pp, vp, **flags))
 
 
 def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, zero: int = 0, sp: bool = False, nmb: int = 2,

@@ -15,6 +15,10 @@ CASES = [
     dict(name="gpt zero3 dp4 hsdp2", model="gpt-tiny", plan=dict(dp=4, zero=3, nmb=2), zero_group=2),
     dict(name="llama zero3 dp4 hsdp2", model="llama-tiny", plan=dict(dp=4, zero=3), zero_group=2),
     dict(name="gpt zero2 dp4 hsdp2 local", model="gpt-tiny", plan=dict(dp=4, zero=2), zero_group=2, mode="local"),
+    # a shard group across nodes: 4 nodes of one process, each group of 2 spans 2 nodes (the tiny
+    # analogue of a shard group of 16 on h100-sxm:4x8)
+    dict(name="llama zero3 dp4 hsdp2 across nodes", model="llama-tiny", plan=dict(dp=4, zero=3), zero_group=2,
+         cluster="cpu:4x1"),
 ]
 
 

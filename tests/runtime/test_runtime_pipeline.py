@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from parity_support import assert_matches_reference, launch
-from pipeline_cases import pipeline_plan
+from pipeline_cases import megatron_stages, pipeline_plan
 
 FULL, SEL = ("full",) * 4, ("selective",) * 4
 
@@ -27,6 +27,11 @@ CASES_4 = [
          plan=dict(pp=4, nmb=4, layers=6, stages=((0, 2), (2, 3), (3, 4), (4, 6)))),
     dict(name="llama pp4 interleaved vp2", model="llama-tiny",
          plan=dict(pp=4, nmb=4, schedule="interleaved-1f1b", vp=2, layers=8)),
+    # Llama 3.1 405B's layout in small (126 layers on pp 16 x vp 8): 6 layers on pp 4 x vp 2 = 8 chunks,
+    # Megatron's first/last stage one layer lighter: chunk 0 the embedding alone, chunk 7 the head alone
+    dict(name="llama pp4 vp2 megatron uneven 6 layers", model="llama-tiny",
+         plan=dict(pp=4, nmb=4, schedule="interleaved-1f1b", vp=2, layers=6,
+                   stages=megatron_stages(6, 4, 2, first=1, last=1))),
     dict(name="gpt pp4 zero-bubble", model="gpt-tiny", plan=dict(pp=4, nmb=4, schedule="zero-bubble")),
     # pp x dp with each ZeRO stage the runtime runs under pipelining, pp x tp
     dict(name="gpt pp2 dp2 zero0 1f1b", model="gpt-tiny", plan=dict(pp=2, dp=2)),
