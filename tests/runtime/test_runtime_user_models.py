@@ -27,6 +27,7 @@ import user_models  # noqa: E402
 HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()}
 HF_MIXTRAL = {"kind": "hf", "class": "MixtralForCausalLM", "config": user_models.hf_mixtral_config()}
 HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
+NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
 
@@ -49,8 +50,9 @@ def plans() -> dict[str, mp.Plan]:
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
-                                                seq_len=SEQ_LEN, fixed={**PINS, "dp": 2, "tp": 2, "zero": 0,
-                                                                        "micro_batch": 4, "num_microbatches": 1}),
+                                                seq_len=SEQ_LEN, model_kwargs=NANOGPT,
+                                                fixed={**PINS, "dp": 2, "tp": 2, "zero": 0, "micro_batch": 4,
+                                                       "num_microbatches": 1}),
     }
 
 
@@ -63,7 +65,7 @@ def ranks(plans, tmp_path_factory) -> list[dict]:
 
 def test_sources_are_recorded(plans) -> None:
     assert plans["hf llama dp2 x tp2 (solver's layouts)"].source["kind"] == "hf"
-    assert plans["nanogpt dp2 x tp2"].source == {"kind": "builder", "target": "user_models:nanogpt", "kwargs": {}}
+    assert plans["nanogpt dp2 x tp2"].source == {"kind": "builder", "target": "user_models:nanogpt", "kwargs": NANOGPT}
     structure = plans["hf llama dp2 x tp2 megatron split"].structure
     assert structure["blocks"] == "model.layers" and structure["q"] == "self_attn.q_proj"
 
@@ -111,7 +113,7 @@ def _torchrun_losses(script: Path, steps: int) -> list[float]:
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
            "--master-port", str(port), str(script), "--steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "examples")}
     done = subprocess.run(cmd, cwd=script.parent, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", done.stdout, re.M)]

@@ -3,6 +3,7 @@ Hugging Face config, or a ``module:function`` builder), ``apply`` shards that mo
 trains a few steps; losses (every rank) and full parameters (rank 0) come back for the test."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from meshplan.runtime.source import build
 from meshplan.runtime.train import synthetic_batch
 from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer
 
-import user_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # user_models, in the rank processes too
+import user_models  # noqa: E402
 
 
 def build_seeded(source: dict) -> torch.nn.Module:
