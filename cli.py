@@ -104,6 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     checkpoint_dir = tempfile.mkdtemp(prefix="meshplan-ckpt-") if temporary else args.checkpoint_dir
     cmd += _resume_flags(checkpoint_dir, args.checkpoint_every, args.save_final)
     cmd += ["--pg-timeout", str(args.pg_timeout)] if args.pg_timeout is not None else []
+    cmd += _option_flags(args, plan)  # checked here, before torchrun starts
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if args.max_restarts:
         # restarted workers must not find the previous attempt's addresses in a store shared with the
@@ -145,6 +146,7 @@ def _run_failed(args: argparse.Namespace, code: int, checkpoint_dir: str | None,
                  "--seed", str(args.seed), *_resume_flags(checkpoint_dir, args.checkpoint_every, args.save_final)]
         again += ["--max-restarts", str(args.max_restarts)] if args.max_restarts else []
         again += ["--pg-timeout", str(args.pg_timeout)] if args.pg_timeout is not None else []
+        again += _option_flags(args)
         print(f"meshplan: error: the run failed ({how}); its checkpoints are kept in {checkpoint_dir} "
               f"(newest: {latest.name}); resume with: {shlex.join(again)}", file=sys.stderr)
     return 128 - code if code < 0 else code
@@ -164,6 +166,20 @@ def _resume_flags(checkpoint_dir: str | None, every: int, save_final: str | None
     return flags + (["--save-final", save_final] if save_final else [])
 
 
+def _option_flags(args: argparse.Namespace, plan: "ir.Plan | None" = None) -> list[str]:
+    """``runtime.train.Options``' flags for the workers; with ``plan``, checked first (a missing --data
+    file, a bad --clip-grad, no safetensors under --init-from: one line, before any process starts)."""
+    from .runtime.train import options_of
+
+    if plan is not None:
+        options_of(args).check(plan, scan_data=True)
+    flags = ["--data", args.data] if args.data else []
+    flags += ["--data-dtype", args.data_dtype] if args.data_dtype else []
+    flags += ["--init-from", args.init_from] if args.init_from else []
+    flags += ["--clip-grad", repr(args.clip_grad)] if args.clip_grad is not None else []
+    return flags + (["--compile"] if args.compile else [])
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """One process of ``meshplan run`` (under torchrun)."""
     import torch
@@ -171,7 +187,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from . import zoo
     from .api import load
     from .runtime.source import build as build_model
-    from .runtime.train import run_training
+    from .runtime.train import options_of, run_training
 
     plan = load(args.plan)
     torch.manual_seed(args.seed)  # every rank builds the same initial weights
@@ -181,9 +197,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         run_resumable(plan, model, steps=args.steps, seed=args.seed, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=args.checkpoint_every, save_final=args.save_final,
-                      pg_timeout_s=args.pg_timeout)
+                      pg_timeout_s=args.pg_timeout, options=options_of(args))
     else:
-        run_training(plan, model, steps=args.steps, seed=args.seed, pg_timeout_s=args.pg_timeout)
+        run_training(plan, model, steps=args.steps, seed=args.seed, pg_timeout_s=args.pg_timeout,
+                     options=options_of(args))
     # a torchrun worker: leave without the interpreter's teardown, where a gloo group's threads can
     # still abort the process after all the work is done ("terminate called without an active exception")
     sys.stdout.flush()
@@ -199,6 +216,16 @@ def _checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-final", metavar="PATH", help="torch.save the full final parameters here (rank 0)")
     p.add_argument("--pg-timeout", type=float, metavar="SECONDS", help="how long a collective waits for a stopped "
                    "rank before the step fails (default: 20 predicted steps, at least 60 s)")
+    # runtime.train.Options (its own main has the same flags; here without importing torch)
+    p.add_argument("--data", metavar="FILE", help="train on this flat token file (nanoGPT's train.bin, a Megatron "
+                   ".bin), memory-mapped, each data-parallel rank reading its own rows; default: synthetic tokens")
+    p.add_argument("--data-dtype", choices=("uint16", "uint32", "int32"), help="the token file's integer type "
+                   "(default: from a Megatron .idx beside it, else uint16 if the vocabulary fits, else uint32)")
+    p.add_argument("--init-from", metavar="DIR", help="start from this Hugging Face safetensors checkpoint "
+                   "(save_pretrained's directory); each rank reads only what it holds")
+    p.add_argument("--clip-grad", type=float, metavar="NORM",
+                   help="clip gradients to this global 2-norm (over every mesh axis) before each optimizer step")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ A checkpoint is one DCP directory holding one flat state dict (DCP joins nested 
     optim.param_groups.<fqn>.<key>   the hyper-parameters of each parameter's group (lr, betas, ...)
     train.step                       optimizer steps done: the data position (``synthetic_batch``
                                      is a function of seed and step)
+    train.data.position              with a token file (``data.py``): the windows read so far, from
+                                     which a resumed run reads on
     train.rng.<rank>.cpu             each rank's RNG state (``.cuda`` too on GPUs)
 
 ``get_state_dict`` strips the wrappers (DDP's ``module.``, checkpoint wrappers, FSDP2) from the
@@ -68,12 +70,15 @@ class DamagedCheckpointError(CheckpointError):
     older checkpoint may still be good (``resume`` falls back to it)."""
 
 
-def save_checkpoint(pm: PlannedModule, path: str | os.PathLike, *, step: int) -> None:
-    """Write ``pm``'s model and optimizer state, ``step`` and the RNG states to the DCP directory
-    ``path``. A collective: call it on every rank, with the same path (on a shared file system)."""
+def save_checkpoint(pm: PlannedModule, path: str | os.PathLike, *, step: int, data_position: int | None = None) -> None:
+    """Write ``pm``'s model and optimizer state, ``step``, the token file's ``data_position`` (if one is
+    read) and the RNG states to the DCP directory ``path``. A collective: call it on every rank, with the
+    same path (on a shared file system)."""
     model_sd, optim_sd = _state_dicts(pm)
     _show_experts_whole(pm, model_sd, optim_sd)
     state = {"model": model_sd, "optim": optim_sd, "train": {"step": step, "rng": {str(_rank()): _rng_state()}}}
+    if data_position is not None:
+        state["train"]["data"] = {"position": int(data_position)}
     dcp.save(state, checkpoint_id=str(path))
     write_manifest(path, step=step)
 
@@ -81,6 +86,13 @@ def save_checkpoint(pm: PlannedModule, path: str | os.PathLike, *, step: int) ->
 def load_checkpoint(pm: PlannedModule, path: str | os.PathLike) -> int:
     """Load a checkpoint written by ``save_checkpoint`` under any plan of the same model into ``pm``
     (resharding as ``pm``'s plan needs); returns the step it was saved at. A collective.
+    ``load_training_state`` also returns the data position."""
+    return load_training_state(pm, path)[0]
+
+
+def load_training_state(pm: PlannedModule, path: str | os.PathLike) -> tuple[int, int | None]:
+    """``load_checkpoint``, returning ``(step, data position)``; the position is None in a checkpoint of
+    a run on synthetic tokens.
 
     Raises ``DamagedCheckpointError`` if ``path`` holds no complete checkpoint or one of its files
     differs from what was written (naming it), and ``CheckpointError`` if the checkpoint's
@@ -92,6 +104,8 @@ def load_checkpoint(pm: PlannedModule, path: str | os.PathLike) -> int:
     rng_key = str(_rank()) if f"train.rng.{_rank()}.cpu" in saved else "0"  # a new rank takes rank 0's
     rng = {kind: t for kind, t in _rng_state().items() if f"train.rng.{rng_key}.{kind}" in saved}
     state = {"model": model_sd, "optim": optim_sd, "train": {"step": 0, "rng": {rng_key: rng}}}
+    if "train.data.position" in saved:
+        state["train"]["data"] = {"position": 0}
     try:
         dcp.load(state, checkpoint_id=str(path))
     except dcp.api.CheckpointException as exc:  # raised on every rank, with every rank's failure
@@ -103,7 +117,8 @@ def load_checkpoint(pm: PlannedModule, path: str | os.PathLike) -> int:
                    optim_state_dict=optim_sd, options=OPTIONS)
     _sync_zero_param_groups(pm.optimizer)
     _set_rng_state(state["train"]["rng"][rng_key])
-    return int(state["train"]["step"])
+    data = state["train"].get("data")
+    return int(state["train"]["step"]), None if data is None else int(data["position"])
 
 
 def is_complete(path: str | os.PathLike) -> bool:

@@ -4,7 +4,8 @@
 elastically: when a worker dies, torchrun stops the others and starts all of them again (up to R
 times), and each one resumes from the newest complete checkpoint under the checkpoint directory.
 Data and optimizer state continue where the checkpoint left them (step counter, AdamW moments,
-RNG), so the job ends with the same losses and parameters as a run that never crashed.
+RNG, and with ``--data`` the token file's position), so the job ends with the same losses and
+parameters as a run that never crashed, having read the same tokens.
 
 Layout: ``DIR/step-000004/`` per saved step. A save is written to ``step-000004.partial`` and
 renamed by rank 0 once every rank has finished and the manifest (sizes and CRC-32s of every file,
@@ -33,10 +34,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ir import Plan
-from .checkpoint import CheckpointError, DamagedCheckpointError, is_complete
+from .checkpoint import CheckpointError, DamagedCheckpointError, is_complete, load_training_state, save_checkpoint
+from .data import TokenStream
 from .distributed import close_distributed, init_distributed
 from .planned import OptimizerFactory, PlannedModule, apply
-from .train import plan_pg_timeout_s, train_steps
+from .train import Options, plan_pg_timeout_s, prepare, prepare_model, train_steps
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 KEEP_LAST = 2  # checkpoints kept: the newest, and one more in case the newest is unreadable
@@ -56,9 +58,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return next((p for p in checkpoints(directory) if is_complete(p)), None)
 
 
-def save_step(pm: PlannedModule, directory: str | os.PathLike, step: int) -> Path:
-    """Save ``pm`` as ``directory/step-NNNNNN`` (written aside, renamed when complete) and keep the
-    newest ``KEEP_LAST``. A collective."""
+def save_step(pm: PlannedModule, directory: str | os.PathLike, step: int, data: TokenStream | None = None) -> Path:
+    """Save ``pm`` (and ``data``'s position) as ``directory/step-NNNNNN`` (written aside, renamed when
+    complete) and keep the newest ``KEEP_LAST``. A collective."""
     root = Path(directory)
     final, partial = root / f"step-{step:06d}", root / f"step-{step:06d}.partial"
     rank0 = dist.get_rank() == 0
@@ -66,7 +68,7 @@ def save_step(pm: PlannedModule, directory: str | os.PathLike, step: int) -> Pat
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # left by an attempt that crashed while saving
     dist.barrier()
-    pm.save(str(partial), step=step)
+    save_checkpoint(pm, partial, step=step, data_position=None if data is None else data.position)
     dist.barrier()  # every rank has written its shards (and rank 0 the metadata)
     if rank0:
         shutil.rmtree(final, ignore_errors=True)
@@ -100,20 +102,24 @@ def maybe_fail(step: int) -> None:
 def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
                   checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
                   save_final: str | os.PathLike | None = None,
-                  optimizer: OptimizerFactory | None = None, pg_timeout_s: float | None = None) -> list[float]:
+                  optimizer: OptimizerFactory | None = None, pg_timeout_s: float | None = None,
+                  options: Options = Options()) -> list[float]:
     """``train.run_training`` with checkpoints: resume from the newest complete checkpoint under
     ``checkpoint_dir`` if there is one, save every ``checkpoint_every`` steps, and, if ``save_final``
     is given, write the full final parameters there (``torch.save`` on rank 0). Rank 0 prints
     ``step N loss X`` and the median step time after the first step of this attempt. Returns the
     losses of the steps this attempt ran. ``pg_timeout_s`` overrides how long a collective waits for a
-    stopped rank (``train.plan_pg_timeout_s``)."""
+    stopped rank (``train.plan_pg_timeout_s``); ``options`` as ``train.run_training`` (a resumed run
+    starts from its checkpoint, not from ``options.init_from``)."""
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("checkpoint_every needs a checkpoint_dir")
+    options.check(plan)
     created = init_distributed(plan_pg_timeout_s(plan, pg_timeout_s))
     try:
-        pm = apply(plan, model, optimizer=optimizer)
-        start = resume(pm, checkpoint_dir)
-        losses = _train(pm, plan, range(start + 1, steps + 1), seed, checkpoint_dir, checkpoint_every)
+        pm = apply(plan, prepare_model(plan, model, options), optimizer=optimizer)
+        data = prepare(pm, options)  # loads options.init_from: a checkpoint found below replaces it
+        start = resume(pm, checkpoint_dir, data)
+        losses = _train(pm, plan, range(start + 1, steps + 1), seed, checkpoint_dir, checkpoint_every, data)
         if save_final is not None:
             params = pm.full_parameters()  # a collective: every rank takes part
             if dist.get_rank() == 0:
@@ -125,22 +131,28 @@ def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *
     return losses
 
 
-def resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
+def resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None, data: TokenStream | None = None) -> int:
     """Load the newest checkpoint that verifies, falling back past damaged ones (one line on stderr
-    each); 0 if there is none. Raises ``CheckpointError`` if there are checkpoints but none verifies."""
+    each); 0 if there is none. ``data`` reads on from the checkpoint's position (or, in a checkpoint of
+    a synthetic run, from its step's). Raises ``CheckpointError`` if there are checkpoints but none
+    verifies."""
     found = checkpoints(checkpoint_dir) if checkpoint_dir is not None else []
     problems = []
     for i, path in enumerate(found):
         try:
-            step = pm.load(str(path))
+            step, position = load_training_state(pm, path)
         except DamagedCheckpointError as exc:  # every rank gets the same verdict
             problems.append(f"{path.name}: {exc}")
             if dist.get_rank() == 0:
                 then = f"falling back to {found[i + 1]}" if i + 1 < len(found) else "no older checkpoint is left"
                 print(f"[meshplan] {exc}; {then}", file=sys.stderr, flush=True)
             continue
+        pm.steps_done = step
+        if data is not None:
+            data.position = position if position is not None else step * data.global_batch
         if dist.get_rank() == 0:
-            print(f"resumed from {path} at step {step}", flush=True)
+            where = f", token window {data.position}" if data is not None else ""
+            print(f"resumed from {path} at step {step}{where}", flush=True)
         return step
     if problems:
         raise CheckpointError(f"none of the {len(found)} checkpoint(s) under {checkpoint_dir} can be loaded "
@@ -150,9 +162,9 @@ def resume(pm: PlannedModule, checkpoint_dir: str | os.PathLike | None) -> int:
 
 
 def _train(pm: PlannedModule, plan: Plan, steps: range, seed: int, checkpoint_dir: str | os.PathLike | None,
-           checkpoint_every: int) -> list[float]:
+           checkpoint_every: int, data: TokenStream | None = None) -> list[float]:
     def after(step: int) -> None:
         if checkpoint_every and step % checkpoint_every == 0:
-            save_step(pm, checkpoint_dir, step)
+            save_step(pm, checkpoint_dir, step, data)
 
-    return train_steps(pm, plan, steps, seed, before=maybe_fail, after=after)
+    return train_steps(pm, plan, steps, seed, before=maybe_fail, after=after, data=data)

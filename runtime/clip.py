@@ -1,0 +1,107 @@
+"""Gradient clipping by the global norm over every mesh axis, and ``torch.compile`` of each block.
+
+``clip_grad_norm_(pm, max_norm)`` computes the norm of the whole model's gradient, the one a single
+process would compute, whatever the plan holds where:
+
+- DTensor gradients (TP, FSDP2, HSDP, over any mesh): per mesh, ``torch.nn.utils.get_total_norm`` of
+  that mesh's gradients is a DTensor whose ``full_tensor()`` sums the shards (``Shard`` dims add up,
+  ``Replicate`` dims count once): torch's own handling, grouped by mesh because one ``foreach`` norm
+  cannot mix meshes (torchtitan groups the same way);
+- plain gradients (DDP, ZeRO-1) are whole and the same on every dp rank: counted once;
+- expert parallelism: each ep rank holds other experts, so their squared norms add over the ep group;
+- pipeline parallelism: each pp rank holds other stages, so everything adds over the pp group.
+
+Then every gradient is scaled by ``max_norm / (norm + 1e-6)`` if that is below 1, as
+``torch.nn.utils.clip_grad_norm_`` does. ``install_clipping`` runs it as an optimizer step pre-hook,
+so ``PlannedModule.step`` clips between the last backward and the optimizer step.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..ir import PlanError
+from .expert import expert_shard_groups
+
+EPS = 1e-6  # as torch.nn.utils.clip_grads_with_norm_
+
+
+def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """The 2-norm of every gradient of ``module`` over every rank (a collective; the same on every rank)."""
+    ep_groups = expert_shard_groups(module)
+    by_mesh: dict[tuple, list[torch.Tensor]] = defaultdict(list)  # (ep group, mesh) -> DTensor grads
+    plain: dict[object, list[torch.Tensor]] = defaultdict(list)  # ep group -> plain grads
+    for param in module.parameters():
+        if param.grad is None:
+            continue
+        group = ep_groups.get(id(param))
+        if isinstance(param.grad, DTensor):
+            by_mesh[(group, param.grad.device_mesh)].append(param.grad)
+        else:
+            plain[group].append(param.grad)
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))  # NCCL reduces on the GPU
+    squares: dict[object, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64, device=device))
+    for (group, _), grads in by_mesh.items():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        squares[group] = squares[group] + norm.full_tensor().double().to(device) ** 2
+    for group, grads in plain.items():
+        squares[group] = squares[group] + torch.nn.utils.get_total_norm(grads, 2.0).double().to(device) ** 2
+    total = squares[None].clone()
+    for group in dict.fromkeys(ep_groups.values()):  # in module order: the same on every rank
+        value = squares[group].clone()  # zero where this rank's experts have no gradient
+        dist.all_reduce(value, group=group)  # the other ep ranks' experts
+        total += value
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)  # the other stages
+    return total.sqrt()
+
+
+def clip_grad_norm_(module: nn.Module, max_norm: float, pp_group: dist.ProcessGroup | None = None) -> float:
+    """Scale ``module``'s gradients so that their global 2-norm is at most ``max_norm``; returns the
+    norm before clipping (the same on every rank). A collective."""
+    norm = float(global_grad_norm(module, pp_group))
+    coef = max_norm / (norm + EPS)
+    if coef < 1.0 and math.isfinite(norm):
+        with torch.no_grad():
+            for param in module.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(coef)
+    return norm
+
+
+def check_max_norm(max_norm: float) -> None:
+    if not (isinstance(max_norm, (int, float)) and math.isfinite(max_norm) and max_norm > 0):
+        raise PlanError(f"--clip-grad is {max_norm} but must be a positive finite number (the largest global "
+                        "gradient norm kept); omit it to train without clipping")
+
+
+def install_clipping(pm, max_norm: float) -> None:
+    """Clip ``pm``'s gradients to ``max_norm`` before each optimizer step (a step pre-hook); the last
+    norm is kept in ``pm.last_grad_norm``."""
+    check_max_norm(max_norm)
+    pp_group = pm.pipeline.group if pm.pipeline is not None else None
+
+    def clip(optimizer, args, kwargs) -> None:  # noqa: ARG001 - the hook's signature
+        pm.last_grad_norm = clip_grad_norm_(pm.module, max_norm, pp_group)
+
+    pm.optimizer.register_step_pre_hook(clip)
+
+
+def compile_blocks(model: nn.Module, blocks: str) -> int:
+    """``torch.compile`` each block under the container at module path ``blocks`` in place
+    (``nn.Module.compile``: names and parameters unchanged, so sharding and checkpoints see the same
+    model); returns how many. Before sharding, as torchtitan does."""
+    container = model.get_submodule(blocks) if blocks else None
+    if container is None or not list(container.children()):
+        raise PlanError(f"--compile compiles each block of the model's block container {blocks!r}, but the model "
+                        "has none there; omit --compile for this model")
+    count = 0
+    for block in container.children():
+        block.compile()
+        count += 1
+    return count
