@@ -52,6 +52,8 @@ def _optional(row: dict[str, str], column: str) -> int | None:
 def expert_run(row: dict[str, str]):
     """``build_run``'s run with the row's uneven pipeline layout and shard group (module docstring), or
     why the row cannot be expressed."""
+    if not (row.get("measured_tflops_per_gpu") or "").strip() and not (row.get("measured_mfu") or "").strip():
+        row = {**row, "measured_mfu": "0"}  # a published plan without a throughput: the comparison needs none
     run = build_run(row)
     uneven = isinstance(run, str) and "do not split into" in run
     if uneven:  # build it without interleaving, then give it Megatron's layout

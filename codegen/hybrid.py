@@ -1,5 +1,6 @@
 """Hybrid sharding (HSDP, ``plan.zero_group``): ZeRO-2/3 shards inside groups of ``zero_group``
-consecutive data-parallel ranks (one node, typically) and replicates across the ``dp // zero_group``
+consecutive data-parallel ranks (a node, or several: FSDP2 runs a shard group of 32 on 64 GPUs as
+well as one of 8, the mesh does not care where nodes end) and replicates across the ``dp // zero_group``
 groups. The mesh splits dp into ("dp", dp // zero_group) outer (replicate) and ("dp_shard",
 zero_group) inner (shard, consecutive ranks), FSDP2 runs on mesh["dp", "dp_shard"] (HSDP: reduce-
 scatter in the group, all-reduce of the shard across groups), and the two are flattened into one

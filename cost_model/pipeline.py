@@ -2,7 +2,8 @@
 
 ``plan.stages`` lists ``pp * vp`` layer ranges ``[first, last)``; chunk c runs on pipeline rank
 ``c % pp`` (Megatron's interleaving). The embedding is on the first chunk (rank 0), the output
-layer and loss on the last.
+layer and loss on the last; either may hold no layer at all (``solver/stages.py``: Llama 3.1 405B's
+126 layers on pp 16 x vp 8), so ranks may hold different layer counts and are costed one by one.
 
 Bubble as a fraction of the ideal time ``m * t`` (m micro-batches of t seconds each on the slowest
 rank; Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2):
