@@ -162,6 +162,12 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
                           layers=1)  # ir/limits.py; a zoo config's layers are bounded by its own check
     module, source = model_and_source(model, model_kwargs)
     graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
+    if not graph.dims.layers:
+        raise ir.UnsupportedModelError(
+            f"{type(module).__name__} has no repeated blocks (a ModuleList or ModuleDict of alike layers holding "
+            "the model's work): meshplan's cost model prices a model per block, from its family's formulas "
+            "(transformer blocks), and has no per-node cost path yet for a model without them; wrap the repeated "
+            "part of the model in an nn.ModuleList, or train it with plain DDP/FSDP")
     config = model_config(module, graph, seq_len)
     if seq_len > config["max_seq_len"]:
         raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {config['max_seq_len']}")

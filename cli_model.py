@@ -32,7 +32,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def model_arg(args: argparse.Namespace) -> Any:
     """What ``api.plans`` takes for the command's model: a zoo name, a zoo config dict, a builder string,
     or (for hf:PATH) the Hugging Face model built on the meta device."""
-    kwargs = _kwargs(args)
+    _kwargs(args)  # a malformed --model-kwargs is refused whatever it goes with
+    kwargs = getattr(args, "model_kwargs", None) is not None
     if args.model is None:
         from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # a regular file, bounded size, depth and numbers
 

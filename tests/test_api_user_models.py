@@ -1,0 +1,79 @@
+"""The user's own model at the API and CLI: where it comes from, and each bad input refused with a
+message that names what is wrong and what to do (no traceback)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import meshplan as mp
+from meshplan import ir
+from meshplan.runtime import source as sources
+
+import user_models
+
+
+def test_builder_that_does_not_import_is_named() -> None:
+    with pytest.raises(ir.UnsupportedModelError, match="cannot import 'no_such_pkg.models'"):
+        mp.autoparallelize("no_such_pkg.models:build", "cpu:1x4", global_batch=8, seq_len=16)
+
+
+@pytest.mark.parametrize("target", ["__import__('os').system('true')", "pkg.mod", "pkg.mod:fn:x", "pkg-x.m:f"])
+def test_builder_target_must_be_dotted_identifiers(target: str) -> None:
+    with pytest.raises(ir.UnsupportedModelError, match="'package.module:function'"):
+        sources.builder_source(target)
+
+
+def test_builder_kwargs_must_be_json() -> None:
+    with pytest.raises(ir.UnsupportedModelError, match="plain JSON"):
+        sources.builder_source("user_models:nanogpt", {"n_layer": object()})
+
+
+def test_hf_architecture_transformers_lacks_is_named() -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(ir.UnsupportedModelError, match="model_type 'no-such-arch'"):
+        sources.build({"kind": "hf", "config": {"model_type": "no-such-arch"}})
+    with pytest.raises(ir.UnsupportedModelError, match="no model class 'NoSuchForCausalLM'"):
+        sources.build({"kind": "hf", "class": "NoSuchForCausalLM", "config": user_models.hf_llama_config()})
+
+
+def test_a_model_without_repeated_blocks_is_refused_with_the_reason() -> None:
+    with pytest.raises(ir.UnsupportedModelError, match="has no repeated blocks"):
+        mp.autoparallelize(user_models.mlp_stack(), "cpu:1x4", global_batch=8, seq_len=16,
+                           example_inputs=lambda b, s: (torch.randn(b, 32),))
+
+
+def test_sources_of_modules() -> None:
+    pytest.importorskip("transformers")
+    with torch.device("meta"):
+        hf = sources.build({"kind": "hf", "config": user_models.hf_llama_config()})
+        zoo_model = mp.zoo.build("gpt-tiny")
+    assert mp.api.source_of(hf)["class"] == "LlamaForCausalLM"
+    assert mp.api.source_of(hf)["config"]["hidden_size"] == 64
+    assert mp.api.source_of(zoo_model) == {"kind": "zoo", "config": zoo_model.config.to_dict()}
+    assert mp.api.source_of(user_models.nanogpt()) == {"kind": "module"}
+
+
+def test_a_plan_of_the_callers_module_is_not_emitted(tmp_path) -> None:
+    with torch.device("meta"):
+        model = user_models.nanogpt(n_layer=2, n_head=4, n_embd=32)
+    plan = mp.autoparallelize(model, "cpu:1x2", global_batch=4, seq_len=16, fixed={"dp": 2, "tp": 1, "zero": 0})
+    assert plan.source == {"kind": "module"}
+    with pytest.raises(ir.InvalidPlanError, match="only the caller holds that model"):
+        plan.emit(tmp_path / "train.py")
+    assert not (tmp_path / "train.py").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "hf:/no/such/dir"], "no Hugging Face config there"),
+    (["--model", "user_models:nanogpt", "--model-kwargs", "[1, 2]"], "must be a JSON object"),
+    (["--model", "user_models:nanogpt", "--model-kwargs", "{\"n_layer\": NaN}"], "not a JSON object"),
+    (["--model", "llama-tiny", "--model-kwargs", "{}"], "goes with --model pkg.module:function"),
+])
+def test_cli_model_forms_refuse_bad_input_in_one_line(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", *args, "--cluster", "cpu:1x4",
+                           "--global-batch", "8", "--seq-len", "16"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
