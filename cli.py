@@ -172,7 +172,7 @@ def _option_flags(args: argparse.Namespace, plan: "ir.Plan | None" = None) -> li
     from .runtime.train import options_of
 
     if plan is not None:
-        options_of(args).check(plan, scan_data=True)
+        options_of(args).check(plan, scan_data=True, model=_meta_model(plan) if args.init_from else None)
     flags = ["--data", args.data] if args.data else []
     flags += ["--data-dtype", args.data_dtype] if args.data_dtype else []
     flags += ["--init-from", args.init_from] if args.init_from else []
@@ -180,18 +180,26 @@ def _option_flags(args: argparse.Namespace, plan: "ir.Plan | None" = None) -> li
     return flags + (["--compile"] if args.compile else [])
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """One process of ``meshplan run`` (under torchrun)."""
+def _meta_model(plan: "ir.Plan"):
+    """The plan's model built on meta (no memory): its names and shapes, to check --init-from against."""
     import torch
 
     from . import zoo
-    from .api import load
     from .runtime.source import build as build_model
+
+    with torch.device("meta"):
+        return build_model(plan.source) if plan.source else zoo.build_from_config(plan.model)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """One process of ``meshplan run`` (under torchrun)."""
+    from .api import load
+    from .runtime.materialize import build_on_meta
     from .runtime.train import options_of, run_training
 
     plan = load(args.plan)
-    torch.manual_seed(args.seed)  # every rank builds the same initial weights
-    model = build_model(plan.source) if plan.source else zoo.build_from_config(plan.model)
+    # parameters on meta: each rank allocates only its shards, with the weights of a seeded whole build
+    model = build_on_meta(plan.source or {"kind": "zoo", "config": plan.model}, args.seed)
     if args.checkpoint_dir or args.checkpoint_every or args.save_final:
         from .runtime.resume import run_resumable
 

@@ -25,6 +25,7 @@ from ..ir import InvalidPlanError
 from .context import context_parallel_step, flatten_mesh
 from .expert import build_expert_mesh, expert_parallel
 from .fused import fuse_kernel
+from .materialize import is_meta, materialize, meta_init_of
 from .pipeline import run_on_stages, split_pipeline
 from .styles import parallel_style, torch_op
 
@@ -109,11 +110,25 @@ EXECUTORS: dict[type, Callable[[Any, State], None]] = {
 }
 
 
+# DistributedDataParallel broadcasts rank 0's weights when it wraps a module: they must be real by then
+NEEDS_WEIGHTS = (DataParallel,)
+
+
 def execute(program: Program, model: nn.Module, device: torch.device, *, mesh: DeviceMesh | None = None) -> State:
-    """Run every step of ``program`` on ``model`` (in place where PyTorch shards in place)."""
+    """Run every step of ``program`` on ``model`` (in place where PyTorch shards in place).
+
+    A model built on meta (``runtime.materialize.build_on_meta``) is split and sharded on meta, then
+    materialized on ``device`` (this rank's shards only, filled with the one-process model's values)
+    before the first step that needs real weights (``NEEDS_WEIGHTS``), or after the last step."""
+    init = meta_init_of(model) if is_meta(model) else None
     state = State(model=model, device=device, mesh=mesh)
     for step in program.steps:
+        if init is not None and isinstance(step, NEEDS_WEIGHTS):
+            materialize(state.model, device, init)
+            init = None
         run_step(step, state)
+    if init is not None:
+        materialize(state.model, device, init)
     return state
 
 

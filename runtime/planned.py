@@ -29,6 +29,7 @@ from .context import data_group, sequence_split
 from .distributed import device_for_rank, init_distributed, pg_timeout_s
 from .expert import expert_shard_groups, gather_expert_shard
 from .interpret import State, execute
+from .materialize import is_meta
 from .pipeline import build_schedule, full_parameters as pipeline_parameters, run_schedule
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -200,6 +201,20 @@ class PlannedModule:
             out[clean.removeprefix("module.") if self._ddp else clean] = full.detach().cpu()
         return out
 
+    def load_pretrained(self, path: str) -> None:
+        """Fill the parameters from a Hugging Face safetensors checkpoint directory (``save_pretrained``'s),
+        each rank reading only what it holds (``runtime.pretrained``). A collective."""
+        from .pretrained import load_pretrained
+
+        load_pretrained(self, path)
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the parameters to ``path`` as a Hugging Face safetensors checkpoint (``runtime.pretrained``).
+        A collective."""
+        from .pretrained import save_pretrained
+
+        save_pretrained(self, path)
+
 
 def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = None,
           mesh: DeviceMesh | None = None, loss_fn: LossFn | None = None, fuse: bool = False) -> PlannedModule:
@@ -210,6 +225,12 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     cross-entropy in fp32, as ``meshplan.zoo.loss_fn``). ``mesh``: a DeviceMesh to use instead of building one; it must have
     the plan's axes and sizes (``lower(plan).mesh.dims``). ``fuse``: run the plan's fusions as generated
     Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on CPU).
+
+    Two paths, chosen by the model: one built on meta (``runtime.materialize.build_on_meta(source, seed)``,
+    as ``meshplan run`` and emitted scripts build it) is sharded while it holds no memory, then each rank
+    allocates and fills only its shards, with the values ``torch.manual_seed(seed)`` and a whole build
+    would give (``runtime.materialize``); a model that already has weights (the user's loop may hold one)
+    is moved to the device whole, then sharded, and keeps its values.
     """
     program = lower(plan, fuse=fuse)
     # a stopped or hung rank fails the step within minutes, not gloo's/NCCL's 30 (distributed.pg_timeout_s)
@@ -222,7 +243,9 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     device = device_for_rank()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL and FSDP use the current device
-    state = execute(program, model.to(device), device, mesh=mesh)
+    # a meta-built model is sharded first and materialized after (only this rank's shards); a model with
+    # weights moves to the device whole, then is sharded
+    state = execute(program, model if is_meta(model) else model.to(device), device, mesh=mesh)
     factory = optimizer or default_optimizer
     return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or output_cross_entropy)
 

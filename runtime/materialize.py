@@ -1,0 +1,253 @@
+"""Build a model without its weights, shard it, then give each rank only the weights it holds.
+
+``build_on_meta(source, seed)`` constructs the model with every parameter on the meta device (no
+memory) and its buffers real (rotary tables and the like are computed by the constructor, cheap, and
+cannot be recomputed from a meta tensor): ``register_parameter`` moves each parameter to meta as it
+is registered, as ``accelerate.init_empty_weights(include_buffers=False)`` does. The Program's steps
+then shard the meta model (tensor parallelism, FSDP2 ``fully_shard``, the pipeline split and the
+expert split all work on meta tensors), and ``materialize`` allocates this rank's shards
+(``to_empty``) and fills them.
+
+The values are those of ``torch.manual_seed(seed); build(source)`` in one process, whatever the plan:
+``materialize`` replays the model's own initialization on CPU one module at a time, in the order
+the constructor ran it, drawing from the global generator seeded with ``seed``, and copies into each
+parameter only this rank's part of the full tensor (``distribute_tensor(..., src_data_rank=None)``:
+the local chunk, no communication). Every rank draws the whole stream (the same numbers in the same
+order) but never holds more than one module's full parameters at a time. The replay:
+
+1. construction: each module's ``reset_parameters`` (PyTorch's own layers), in registration order;
+2. the model's init pass: ``meshplan.zoo``'s ``init_weights`` (one parameter at a time, in
+   ``named_parameters`` order), or Hugging Face's ``_init_weights`` per module (children first, as
+   ``PreTrainedModel.initialize_weights`` applies it). Other models (a user's builder) get step 1
+   only, which is their construction when they use PyTorch's layers' own init: ``REPLAYABLE`` lists the
+   source kinds whose whole initialization is replayed; for the others callers build the model whole.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..ir import InvalidPlanError
+
+REPLAYABLE = ("zoo", "hf")  # source kinds whose whole initialization materialize replays exactly
+INIT_ATTR = "_meshplan_meta_init"  # the MetaInit a meta-built model carries
+
+
+@dataclass(frozen=True, slots=True)
+class MetaInit:
+    """How to fill a meta-built model: the seed its one-process twin was built under, and a meta copy
+    of the model as built (clean names, unwrapped modules, real buffers) to replay the init on."""
+
+    seed: int
+    reference: nn.Module
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Construct modules with their parameters on meta and their buffers real."""
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_on_meta(source: dict[str, Any], seed: int) -> nn.Module:
+    """The model of ``source`` with meta parameters, carrying what ``materialize`` needs to give it the
+    weights of ``torch.manual_seed(seed); runtime.source.build(source)``. Sources outside
+    ``REPLAYABLE`` are built whole (after ``torch.manual_seed(seed)``)."""
+    from .source import build
+
+    kind = source.get("kind")
+    if kind not in REPLAYABLE:
+        torch.manual_seed(seed)
+        return build(source)
+    with parameters_on_meta():
+        model = build(source)
+    mark_meta(model, seed)
+    return model
+
+
+def mark_meta(model: nn.Module, seed: int) -> nn.Module:
+    """Record on a meta-built ``model`` the seed and a meta copy to replay its init on (before any step)."""
+    setattr(model, INIT_ATTR, MetaInit(seed=seed, reference=copy.deepcopy(model)))
+    return model
+
+
+def is_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def meta_init_of(model: nn.Module) -> MetaInit:
+    init = getattr(model, INIT_ATTR, None)
+    if not isinstance(init, MetaInit):
+        raise InvalidPlanError("the model has parameters on the meta device but no record of how to initialize "
+                               "them; build it with meshplan.runtime.materialize.build_on_meta(source, seed), "
+                               "or pass a model with real weights")
+    return init
+
+
+def materialized(model: nn.Module, mesh: Any) -> nn.Module:
+    """``model`` with real weights: a meta-built one (``build_on_meta``) is materialized on the mesh's
+    device (this process's GPU, or the CPU); a model with weights is returned as it is. What emitted
+    scripts call after ``parallelize`` (and before ``DistributedDataParallel``, which needs weights)."""
+    if not is_meta(model):
+        return model
+    kind = mesh.device_type
+    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+    materialize(model, device, meta_init_of(model))
+    return model
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name in the model as built: wrapper prefixes dropped."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
+
+
+def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
+    """Allocate this rank's parameters of the sharded ``model`` on ``device`` and fill them with the
+    values of the one-process model; buffers are copied from the model as built."""
+    from .expert import expert_shard_groups
+
+    model.to_empty(device=device)  # FSDP2 re-points its sharded parameters here (FSDPModule._apply)
+    groups = expert_shard_groups(model)  # parameters expert parallelism cut to this ep rank's experts
+    live = {clean_name(n): p for n, p in model.named_parameters()}
+    ep = {name: groups[id(p)] for name, p in live.items() if id(p) in groups}
+    with torch.no_grad():
+        for name, full in replay(init):
+            target = live.get(name)
+            if target is not None:
+                _copy_local(full, target, ep.get(name))
+        ref_buffers = dict(init.reference.named_buffers())
+        for name, buf in model.named_buffers():
+            src = ref_buffers.get(clean_name(name))
+            if src is not None:
+                buf.copy_(src)
+
+
+def _copy_local(full: torch.Tensor, target: torch.Tensor, ep_group: Any) -> None:
+    """Copy this rank's part of ``full`` into ``target`` (a plain tensor or a DTensor)."""
+    if ep_group is not None:  # expert parallelism kept this ep rank's slice of dim 0
+        per = target.shape[0]
+        rank = torch.distributed.get_rank(ep_group)
+        full = full[rank * per:(rank + 1) * per]
+    if isinstance(target, DTensor):
+        part = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
+        target.to_local().copy_(part)
+    else:
+        target.copy_(full)
+
+
+def _twin(module: nn.Module) -> nn.Module:
+    """A CPU copy of ``module`` with its own parameters allocated (full size) and no children."""
+    twin = copy.copy(module)
+    twin._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                                                     requires_grad=p.requires_grad)
+                        for name, p in module._parameters.items()}
+    twin._buffers = dict(module._buffers)  # real already: an init that resets a buffer writes the reference's
+    twin._modules = {}
+    twin.__dict__.pop("_is_hf_initialized", None)  # Hugging Face's init skips modules it marked done (on meta)
+    return twin
+
+
+def replay(init: MetaInit) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for each parameter as the one-process construction leaves it, one module at a
+    time (a name may come twice: the last value is the one that stays)."""
+    ref = init.reference
+    torch.manual_seed(init.seed)
+    with torch.no_grad():
+        if _is_hf(ref):
+            yield from _hf_build("", ref)
+            return
+        zoo = type(ref).__module__.startswith("meshplan.zoo") and callable(getattr(ref, "init_weights", None))
+        for prefix, module in ref.named_modules():  # 1. construction: PyTorch layers' own reset_parameters
+            twin = _constructed(module)
+            if twin is not None and not zoo:
+                yield from _named(prefix, twin)
+        if zoo:
+            yield from _zoo_init(ref)
+
+
+def _is_hf(module: nn.Module) -> bool:
+    return callable(getattr(module, "_initialize_weights", None)) and hasattr(getattr(module, "config", None),
+                                                                              "to_dict")
+
+
+def _constructed(module: nn.Module) -> nn.Module | None:
+    """A twin of ``module`` as its constructor leaves it (``reset_parameters``), or None if it has no
+    parameters of its own or no such method."""
+    if not any(p is not None for p in module._parameters.values()) or not callable(
+            getattr(module, "reset_parameters", None)):
+        return None
+    twin = _twin(module)
+    twin.reset_parameters()
+    return twin
+
+
+def _named(prefix: str, twin: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, p in twin._parameters.items():
+        if p is not None:
+            yield (f"{prefix}.{name}" if prefix else name), p.detach()
+
+
+def _zoo_init(ref: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``Transformer.init_weights`` (a loop over ``named_parameters``), one parameter at a time: run on a
+    skeleton that holds only that parameter, under its name, with the model's config."""
+    for name, p in ref.named_parameters():
+        skeleton = nn.Module()
+        skeleton.config = ref.config
+        parent, _, attr = name.rpartition(".")
+        node = skeleton
+        for part in parent.split(".") if parent else ():
+            child = nn.Module()
+            node.add_module(part, child)
+            node = child
+        full = nn.Parameter(torch.empty(p.shape, dtype=p.dtype))
+        node.register_parameter(attr, full)
+        type(ref).init_weights(skeleton)
+        yield name, full.detach()
+
+
+def _hf_build(prefix: str, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Hugging Face ``PreTrainedModel`` as built: its constructor runs each layer's ``reset_parameters``
+    (a sub-model, such as ``LlamaModel`` inside ``LlamaForCausalLM``, is built and initialized whole at
+    its place), then ``post_init`` applies ``_initialize_weights`` to the modules not initialized yet,
+    children before their parent (``PreTrainedModel.initialize_weights``)."""
+    from transformers import initialization
+
+    done: set[str] = set()  # sub-models, initialized by their own post_init
+
+    def construct(path: str, module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        if module is not model and _is_hf(module):
+            yield from _hf_build(path, module)
+            done.add(path)
+            return
+        _constructed(module)  # draws what the constructor draws; post_init overwrites the values
+        for name, child in module.named_children():
+            yield from construct(f"{path}.{name}" if path else name, child)
+
+    def initialize(path: str, module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        if path in done:
+            return
+        for name, child in module.named_children():
+            yield from initialize(f"{path}.{name}" if path else name, child)
+        twin = _twin(module)
+        model._initialize_weights(twin, model.is_custom_code())
+        yield from _named(path, twin)
+
+    yield from construct(prefix, model)
+    with initialization.guard_torch_init_functions():
+        yield from initialize(prefix, model)
