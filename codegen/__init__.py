@@ -9,9 +9,10 @@ from .program import (SELECTIVE_SAVE_OPS, STEP_KINDS, BuildMesh, DataParallel, F
                       Recompute, ShardOptimizer, SplitPipeline, Step, StyleKind, TensorParallel, TPStyle)
 from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FuseKernel
 from .program import ContextParallel, FlattenMesh
+from .program import Autocast
 from .tp_plans import torch_call
 
 __all__ = ["EMITTERS", "SELECTIVE_SAVE_OPS", "STEP_KINDS", "BuildMesh", "DataParallel", "FullyShard", "Policy",
            "Program", "Recompute", "ShardOptimizer", "SplitPipeline", "Step", "StyleKind", "TPStyle", "TensorParallel", "emit_source",
            "lower", "torch_call", "EXPERT_AXES", "ExpertMesh", "ExpertParallel",
-           "ContextParallel", "FlattenMesh", "FuseKernel"]
+           "ContextParallel", "FlattenMesh", "FuseKernel", "Autocast"]

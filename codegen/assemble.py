@@ -28,7 +28,8 @@ def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str
     mesh_names = "DeviceMesh, init_device_mesh" if ExpertMesh in kinds else "init_device_mesh"
     lines.append(f"from torch.distributed.device_mesh import {mesh_names}")
     if FullyShard in kinds:
-        lines.append("from torch.distributed.fsdp import fully_shard")
+        mixed = any(isinstance(s, FullyShard) and s.param_dtype is not None for s in program.steps)
+        lines.append(f"from torch.distributed.fsdp import {'MixedPrecisionPolicy, ' if mixed else ''}fully_shard")
     if ShardOptimizer in kinds:
         lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
     lines += pipeline_schedule_import(program)
@@ -115,7 +116,8 @@ def _model_block(program: Program, parts: ModuleType) -> str:
     if model_source.kind(program) == "zoo":
         return parts.MAIN_MODEL.rstrip("\n").lstrip("\n")
     lines = ["torch.manual_seed(args.seed)  # every rank builds the same initial weights",
-             *model_source.build_lines(program), "model = parallelize(model, mesh)"]
+             *model_source.build_lines(program), "model = materialized(parallelize(model, mesh), mesh)"
+             if model_source.on_meta(program) else "model = parallelize(model, mesh)"]
     return "\n".join(INDENT + line for line in lines)
 
 

@@ -23,7 +23,7 @@ from ..ir import Plan
 from . import context, expert, fused, hybrid, pipeline_emit, safe, script
 from .assemble import assemble
 from .lower import lower
-from .program import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
+from .program import (Autocast, BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
                       FuseKernel, Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from .tp_plans import torch_call
 
@@ -79,12 +79,23 @@ def _fully_shard_lines(step: FullyShard, target: str) -> tuple[str, list[str]]:
     mesh = ", ".join(f'"{safe.name(a, "FullyShard.mesh_axes entry")}"' for a in step.mesh_axes)
     var = "expert_mesh" if expert.on_expert_mesh(step.mesh_axes) else "mesh"
     reshard = safe.boolean(step.reshard_after_forward, "FullyShard.reshard_after_forward")
-    return "parallelize", [f"fully_shard({target}, mesh={var}[{mesh}], reshard_after_forward={reshard})"]
+    policy = ""
+    if step.param_dtype is not None:  # mixed precision: bf16 gathered parameters and compute, fp32 reduction
+        param = safe.name(step.param_dtype, "FullyShard.param_dtype")
+        reduce = safe.name(step.reduce_dtype or "float32", "FullyShard.reduce_dtype")
+        policy = f", mp_policy=MixedPrecisionPolicy(param_dtype=torch.{param}, reduce_dtype=torch.{reduce})"
+    return "parallelize", [f"fully_shard({target}, mesh={var}[{mesh}], reshard_after_forward={reshard}{policy})"]
+
+
+def _autocast_lines(step: Autocast, target: str) -> tuple[str, list[str]]:
+    dtype = safe.name(step.dtype, "Autocast.dtype")
+    return "parallelize", [f"{target}.forward = torch.autocast(mesh.device_type, dtype=torch.{dtype})({target}.forward)"]
 
 
 def _ddp_lines(step: DataParallel, target: str) -> tuple[str, list[str]]:
     axis = safe.name(step.mesh_axis, "DataParallel.mesh_axis")
-    return "parallelize", [f'{target} = DistributedDataParallel({target}, process_group=mesh["{axis}"]'
+    return "parallelize", [f"{target} = materialized({target}, mesh)  # DDP broadcasts weights: they must be real",
+                           f'{target} = DistributedDataParallel({target}, process_group=mesh["{axis}"]'
                            ".get_group(), gradient_as_bucket_view=True)  # gradients live in the buckets"]
 
 
@@ -108,7 +119,7 @@ EMITTERS: dict[type, Callable[..., tuple[str, list[str]]]] = {
     ExpertMesh: expert.expert_mesh_lines, ExpertParallel: expert.expert_parallel_lines,
     SplitPipeline: pipeline_emit.split_pipeline_lines,
     FlattenMesh: context.flatten_mesh_lines, ContextParallel: context.context_parallel_lines,
-    FuseKernel: fused.fuse_kernel_lines,
+    FuseKernel: fused.fuse_kernel_lines, Autocast: _autocast_lines,
 }
 
 
@@ -140,6 +151,9 @@ def _comment(step: Step) -> str:
                 "forward to backward")
     if isinstance(step, DataParallel):
         return "# plain data parallelism over dp: replicated parameters, gradients all-reduced"
+    if isinstance(step, Autocast):
+        return (f"# mixed precision: compute in {safe.shown(step.dtype)} on fp32 parameters (the master weights); "
+                "gradients stay fp32")
     return ""
 
 

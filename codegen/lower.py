@@ -30,6 +30,7 @@ from typing import Any
 from ..ir import AXES, InvalidPlanError, Plan
 from ..ir import Recompute as RecomputeChoice
 from . import context, expert, fused, hybrid, pipeline_lower, tp_plans
+from .precision import with_precision
 from .structure import structure_of, zoo_family
 from .program import (BuildMesh, DataParallel, FullyShard, Policy, Program, Recompute, ShardOptimizer, Step,
                       TensorParallel)
@@ -55,13 +56,15 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     steps += _data_parallel(plan, cfg)
     if plan.mesh.pp > 1:
         steps = pipeline_lower.pipelined(plan, steps)  # SplitPipeline first; see pipeline_lower
+    steps = with_precision(plan.dtype, steps)  # bf16: FSDP2's mixed-precision policy, or autocast
     return Program(
         plan_summary=plan.summary(), header=_header(plan) + (fused.skipped(plan) if fuse else ()), model_config=tuple(plan.model.items()),
         global_batch=plan.global_batch, seq_len=plan.seq_len, micro_batch_size=plan.micro_batch_size,
         num_microbatches=plan.num_microbatches, dp_size=dp, dp_axis=hybrid.data_axis(plan, "dp"),
         # ZeRO-2/3 reduce-scatter after every micro-batch so that no full gradient is ever held;
         # plain DP accumulates locally and all-reduces once per step.
-        sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps), source=dict(plan.source))
+        sync_every_microbatch=plan.zero_stage >= 2, steps=tuple(steps), source=dict(plan.source),
+        compute_dtype=plan.dtype)
 
 
 def _model_dims(plan: Plan) -> dict[str, Any]:
@@ -209,6 +212,13 @@ def _data_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
     return steps
 
 
+def _precision_words(plan: Plan) -> str:
+    if plan.dtype == "float32":
+        return "fp32 parameters, compute and optimizer state"
+    return (f"{plan.dtype} compute, fp32 master weights, optimizer state and gradient reduction, "
+            "fp32 cross-entropy on the logits")
+
+
 def _header(plan: Plan) -> tuple[str, ...]:
     """Lines for the script's docstring; plan strings shown quoted unless plain tokens (``safe.shown``),
     and escaped again where they are printed (``safe.doc_text``)."""
@@ -216,7 +226,7 @@ def _header(plan: Plan) -> tuple[str, ...]:
 
     lines = [f"model: {shown(plan.model.get('name') or plan.model.get('family'))}, cluster: {shown(plan.cluster)}, "
              f"global batch {plan.global_batch} x seq {plan.seq_len}, dtype {shown(plan.dtype)} "
-             "(this program trains in fp32)"]
+             f"({_precision_words(plan)})"]
     p = plan.prediction
     if p is not None:
         lines.append(f"predicted: step time {p.step_time_s:.4g} s, memory per GPU "

@@ -1,10 +1,15 @@
 """How an emitted script builds its model and reads the logits, from the plan's source (``plan.source``).
 
-    zoo       model = meshplan.zoo.build_from_config(MODEL_CONFIG)            logits = model(x)
-    hf        model = transformers.<Class>._from_config(AutoConfig(HF_CONFIG)) logits = model(x, use_cache=False).logits
+    zoo       model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, seed)  logits = model(x)
+    hf        model = build_on_meta({"kind": "hf", "class": ..., "config": HF_CONFIG}, seed)
+                                                                             logits = model(x, use_cache=False).logits
     builder   from pkg.module import function as build_user_model
               model = build_user_model(**BUILDER_KWARGS)                       logits = logits_of(model(x))
     module    refused: only the caller holds that model (plan.apply runs it; emit needs a source to build it)
+
+Zoo and Hugging Face models are built with their parameters on meta and materialized after
+``parallelize`` (``meshplan.runtime.materialize``): each rank allocates only its shards, filled with the
+weights of ``torch.manual_seed(seed)`` and a whole build, as ``plan.apply`` and ``meshplan run`` do.
 
 Everything from the plan enters as data: the class, module and function names are checked as
 identifiers (``safe.name``), the config and keyword arguments are Python literals (``safe.literal``).
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 from ..ir import InvalidPlanError
 from . import safe
-from .program import Program
+from .program import DataParallel, Program, SplitPipeline
 
 INDENT = "    "
 
@@ -29,15 +34,26 @@ def check_emittable(program: Program) -> None:
                                "or meshplan plan --model pkg.module:function), or use plan.apply(model) in your loop")
 
 
+def on_meta(program: Program) -> bool:
+    """The script builds the model on meta and materializes this rank's shards after ``parallelize``
+    (``meshplan.runtime.materialize``): zoo and Hugging Face models, whose initialization it replays;
+    a user's builder, and the pipeline script, build the whole model first."""
+    return kind(program) in ("zoo", "hf") and not any(isinstance(s, SplitPipeline) for s in program.steps)
+
+
 def imports(program: Program) -> list[str]:
     k = kind(program)
+    meta = on_meta(program)
+    names = ["build_on_meta", "materialized"] if meta else (
+        ["materialized"] if any(isinstance(s, DataParallel) for s in program.steps) else [])
+    lines = [f"from meshplan.runtime.materialize import {', '.join(names)}"] if names else []
     if k == "zoo":
-        return ["", "import meshplan.zoo"]
+        return ["", "import meshplan.zoo", *lines]
     if k == "hf":
-        return ["", "import transformers", "", "from meshplan.runtime.planned import token_cross_entropy"]
+        return ["", *lines, "from meshplan.runtime.planned import token_cross_entropy"]
     module, function = _target(program)
     return ["", f"from {module} import {function} as build_user_model",
-            "", "from meshplan.runtime.planned import logits_of, token_cross_entropy"]
+            "", *lines, "from meshplan.runtime.planned import logits_of, token_cross_entropy"]
 
 
 def _target(program: Program) -> tuple[str, str]:
@@ -71,12 +87,10 @@ def build_lines(program: Program) -> list[str]:
     k = kind(program)
     if k == "zoo":
         return ["model = meshplan.zoo.build_from_config(MODEL_CONFIG).to(device)"]
-    if k == "hf":
+    if k == "hf":  # parameters on meta; the values of a seeded whole build are filled in after parallelize
         cls = safe.name(program.source.get("class") or "AutoModelForCausalLM", "plan.source.class")
-        make = "from_config" if cls.startswith("Auto") else "_from_config"
-        return ["config = dict(HF_CONFIG)",
-                "config = transformers.AutoConfig.for_model(config.pop(\"model_type\"), **config)",
-                f"model = transformers.{cls}.{make}(config).to(device)"]
+        return [f'model = build_on_meta({{"kind": "hf", "class": {safe.string_literal(cls)}, "config": HF_CONFIG}}, '
+                "args.seed)"]
     return ["model = build_user_model(**BUILDER_KWARGS).to(device)"]
 
 

@@ -19,6 +19,9 @@ from typing import Any
 from ..ir import InvalidPlanError, Schedule, parse_placement
 
 
+MIXED_DTYPES = ("bfloat16", "float16", "float32")  # torch dtype names a Program may name
+
+
 class StyleKind(StrEnum):
     """The tensor-parallel styles of ``torch.distributed.tensor.parallel``."""
 
@@ -139,10 +142,33 @@ class FullyShard:
     module: str
     mesh_axes: tuple[str, ...]
     reshard_after_forward: bool
+    # mixed precision (FSDP2's MixedPrecisionPolicy): gathered parameters and compute in param_dtype, gradients
+    # reduced in reduce_dtype; the sharded parameters (the optimizer's master weights) stay fp32. None: fp32
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.mesh_axes) not in (1, 2):
             raise InvalidPlanError(f"FullyShard: one or two mesh axes, got {self.mesh_axes}")
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in MIXED_DTYPES:
+                raise InvalidPlanError(f"FullyShard.{name} is {value!r}; one of {MIXED_DTYPES} or None")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Autocast:
+    """``module.forward = torch.autocast(device_type, dtype)(module.forward)``: compute in ``dtype`` where
+    no FSDP2 policy casts the parameters (DDP, tensor parallelism alone, pipeline stages without dp). The
+    parameters, their gradients and the optimizer state stay fp32 (the master weights); DDP all-reduces
+    fp32 gradients."""
+
+    module: str
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in MIXED_DTYPES:
+            raise InvalidPlanError(f"Autocast.dtype is {self.dtype!r}; one of {MIXED_DTYPES}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,9 +302,10 @@ class FuseKernel:
 
 
 Step = (BuildMesh | SplitPipeline | TensorParallel | ExpertMesh | ExpertParallel | Recompute | FullyShard
-        | DataParallel | ShardOptimizer | FlattenMesh | ContextParallel | FuseKernel)
+        | DataParallel | ShardOptimizer | FlattenMesh | ContextParallel | FuseKernel | Autocast)
 STEP_KINDS: tuple[type, ...] = (BuildMesh, SplitPipeline, TensorParallel, ExpertMesh, ExpertParallel, Recompute,
-                                FullyShard, DataParallel, ShardOptimizer, FlattenMesh, ContextParallel, FuseKernel)
+                                FullyShard, DataParallel, ShardOptimizer, FlattenMesh, ContextParallel, FuseKernel,
+                                Autocast)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +314,10 @@ class Program:
 
     ``sync_every_microbatch``: reduce gradients after every micro-batch (ZeRO-2/3, whose point is
     never to hold a full gradient) or only after the last one (plain DP: one all-reduce per step).
-    Training runs in ``compute_dtype`` (fp32 for now, whatever ``plan.dtype`` says).
+    Training computes in ``compute_dtype`` (``plan.dtype``): under bf16, FullyShard steps carry FSDP2's
+    mixed-precision policy (bf16 parameters and compute, fp32 gradient reduction) and a program without
+    FSDP has an ``Autocast`` step; parameters and optimizer state stay fp32 (master weights). Logits come
+    out in the compute dtype and the loss is a cross-entropy in fp32 on them (``.float()`` first).
     """
 
     plan_summary: str

@@ -76,9 +76,10 @@ def main() -> None:
 '''
 
 MAIN_MODEL = '''
-    torch.manual_seed(args.seed)  # every rank builds the same initial weights
-    model = meshplan.zoo.build_from_config(MODEL_CONFIG).to(device)
-    model = parallelize(model, mesh)
+    # parameters on meta: parallelize shards the model while it holds no memory, then each rank allocates
+    # only its shards, filled with the weights of torch.manual_seed(args.seed) and a whole build
+    model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, args.seed)
+    model = materialized(parallelize(model, mesh), mesh)
 '''
 
 # the end of every emitted training loop: the step's global mean loss, the timing, a clean exit

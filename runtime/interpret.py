@@ -13,12 +13,12 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from ..codegen import (BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
+from ..codegen import (Autocast, BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
                        FuseKernel, Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from ..codegen.expert import on_expert_mesh
 from ..ir import InvalidPlanError
@@ -87,7 +87,24 @@ def _fully_shard(step: FullyShard, state: State) -> None:
     axes = step.mesh_axes
     whole = state.expert_mesh if on_expert_mesh(axes) else state.mesh
     mesh = whole[axes[0]] if len(axes) == 1 else whole[axes]
-    fully_shard(state.get(step.module), mesh=mesh, reshard_after_forward=step.reshard_after_forward)
+    fully_shard(state.get(step.module), mesh=mesh, reshard_after_forward=step.reshard_after_forward,
+                mp_policy=mixed_precision(step))
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name)
+
+
+def mixed_precision(step: FullyShard) -> MixedPrecisionPolicy:
+    """FSDP2's policy for the step: gathered parameters in ``param_dtype``, gradients reduced in
+    ``reduce_dtype``; None leaves them fp32 (the default policy)."""
+    return MixedPrecisionPolicy(param_dtype=_dtype(step.param_dtype), reduce_dtype=_dtype(step.reduce_dtype))
+
+
+def _autocast(step: Autocast, state: State) -> None:
+    """Compute the module's forward (and its recomputation) in ``step.dtype`` on fp32 parameters."""
+    module = state.get(step.module)
+    module.forward = torch.autocast(state.device.type, dtype=_dtype(step.dtype))(module.forward)
 
 
 def _data_parallel(step: DataParallel, state: State) -> None:
@@ -106,7 +123,7 @@ EXECUTORS: dict[type, Callable[[Any, State], None]] = {
     BuildMesh: _build_mesh, SplitPipeline: split_pipeline, TensorParallel: _tensor_parallel, Recompute: _recompute,
     FullyShard: _fully_shard, DataParallel: _data_parallel, ShardOptimizer: _shard_optimizer,
     ExpertMesh: build_expert_mesh, ExpertParallel: expert_parallel,
-    FlattenMesh: flatten_mesh, ContextParallel: context_parallel_step, FuseKernel: fuse_kernel,
+    FlattenMesh: flatten_mesh, ContextParallel: context_parallel_step, FuseKernel: fuse_kernel, Autocast: _autocast,
 }
 
 

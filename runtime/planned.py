@@ -6,8 +6,11 @@ sequence: ``runtime.context``), splits it into ``num_microbatches`` micro-batche
 ``loss / num_microbatches`` for each (gradients accumulate), steps the optimizer, and returns the
 global mean loss (a SUM all-reduce over dp (x cp), divided by their number: identical on every rank).
 
-Precision: everything runs in fp32 for now, whatever ``plan.dtype`` says (bf16 mixed precision is
-for GPUs and not applied yet).
+Precision follows ``plan.dtype`` (``codegen.precision``): under bf16 the forward runs in bf16 (FSDP2's
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, and ``torch.autocast`` on the root)
+while the parameters, their gradients and the optimizer state stay fp32 (master weights) and gradients
+are reduced in fp32; the logits come out in bf16 and the loss is a cross-entropy in fp32 on them
+(``token_cross_entropy`` casts first). fp32 plans run in fp32 throughout.
 """
 from __future__ import annotations
 
@@ -224,7 +227,8 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     ``ZeroRedundancyOptimizer``. ``loss_fn(logits, targets)`` for ``step`` (default: mean token
     cross-entropy in fp32, as ``meshplan.zoo.loss_fn``). ``mesh``: a DeviceMesh to use instead of building one; it must have
     the plan's axes and sizes (``lower(plan).mesh.dims``). ``fuse``: run the plan's fusions as generated
-    Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on CPU).
+    Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on
+    CPU).
 
     Two paths, chosen by the model: one built on meta (``runtime.materialize.build_on_meta(source, seed)``,
     as ``meshplan run`` and emitted scripts build it) is sharded while it holds no memory, then each rank
