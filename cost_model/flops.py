@@ -7,7 +7,8 @@ Model FLOPs per step (Korthikanti et al. 2022, arXiv:2205.05198, eq. 7, generali
 
     F_model = 3 * [ L * (2*B*s*P_mm + 4*B*s^2*h) + 2*B*s*h*V ]
 
-* ``P_mm`` is the matmul weights one token goes through in a layer: ``h*(h + 2*kv) + h*h`` for
+* ``P_mm`` is the matmul weights one token goes through in a layer: ``2*h*q + 2*h*kv`` (q = heads *
+  head_dim, which is h for most models but not all) for
   attention (grouped-query aware) plus ``2*h*f`` (GELU MLP), ``3*h*f`` (SwiGLU) or
   ``k*3*h*f + h*E`` (MoE: the top-k experts and the router). For GPT with kv = h and f = 4h,
   P_mm = 12h^2 and F_model = 72*B*L*s*h^2*(1 + s/6h + V/12hL), eq. 7 exactly.
@@ -29,13 +30,19 @@ from ..ir.graph import ModelDims
 
 def kv_width(dims: ModelDims) -> int:
     """Width of K (and of V): kv_heads * head_dim; kv_heads 0 means 'as many as heads'."""
-    return (dims.kv_heads or dims.heads) * (dims.hidden // dims.heads)
+    return (dims.kv_heads or dims.heads) * dims.head_dim
+
+
+def q_width(dims: ModelDims) -> int:
+    """Width of Q (and of attention's output): heads * head_dim, which is not always h (GPT-OSS: 64 heads
+    of 64 on a hidden size of 2880; Qwen3: head_dim 128 on any hidden size)."""
+    return dims.heads * dims.head_dim
 
 
 def attention_params(dims: ModelDims) -> int:
-    h, kv = dims.hidden, kv_width(dims)
-    bias = (2 * h + 2 * kv) if dims.family == "gpt" else 0
-    return 2 * h * h + 2 * h * kv + bias  # wq, wo (h x h); wk, wv (h x kv)
+    h, q, kv = dims.hidden, q_width(dims), kv_width(dims)
+    bias = (q + h + 2 * kv) if dims.family == "gpt" else 0
+    return 2 * h * q + 2 * h * kv + bias  # wq (h x q), wo (q x h); wk, wv (h x kv)
 
 
 def dense_mlp_params(dims: ModelDims) -> int:
@@ -64,7 +71,7 @@ def layer_params(dims: ModelDims) -> int:
 def layer_matmul_params(dims: ModelDims) -> int:
     """Matmul weights one token multiplies through in a layer (P_mm): top-k experts for MoE."""
     h, f, kv = dims.hidden, dims.ffn_hidden, kv_width(dims)
-    attn = 2 * h * h + 2 * h * kv
+    attn = 2 * h * q_width(dims) + 2 * h * kv
     if dims.family == "gpt":
         return attn + 2 * h * f
     if dims.family == "moe":
@@ -79,8 +86,8 @@ def layer_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> floa
 
 
 def attention_core_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:
-    """Q K^T and P V forward, counting a causal mask as full: 4 * b * s^2 * h."""
-    return 4.0 * sequences * seq_len * seq_len * dims.hidden
+    """Q K^T and P V forward, counting a causal mask as full: 4 * b * s^2 * heads * head_dim (= h mostly)."""
+    return 4.0 * sequences * seq_len * seq_len * q_width(dims)
 
 
 def logits_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:
