@@ -13,6 +13,7 @@ import time
 from . import ir
 
 GB = 1e9
+MAX_PG_TIMEOUT_S = 7 * 86400.0  # a week: beyond it a stopped rank is never noticed (and timedelta overflows)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -94,9 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan.world_size != args.nproc:
         raise ir.InvalidPlanError(f"the plan's mesh needs {plan.world_size} processes "
                                   f"({plan.mesh}) but --nproc is {args.nproc}")
-    if args.pg_timeout is not None and not args.pg_timeout > 0:
-        raise ir.PlanError(f"--pg-timeout is {args.pg_timeout} but must be a positive number of seconds "
-                           "(how long a collective waits for a stopped rank); omit it for 20 predicted steps")
+    if args.pg_timeout is not None and not 0 < args.pg_timeout <= MAX_PG_TIMEOUT_S:  # NaN and inf too
+        raise ir.PlanError(f"--pg-timeout is {args.pg_timeout} but must be a positive number of seconds up to "
+                           f"{MAX_PG_TIMEOUT_S:g} (how long a collective waits for a stopped rank); omit it for 20 "
+                           "predicted steps")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
            *_rendezvous_flags(args.max_restarts), "-m", "meshplan.cli", "_train", str(args.plan),
            "--steps", str(args.steps), "--seed", str(args.seed)]

@@ -143,6 +143,10 @@ LOAD_BALANCE = {load_balance}  # {layout}
 
 DATA = '''
 
+# --data FILE: a flat token file (nanoGPT's train.bin, a Megatron .bin), memory-mapped; see meshplan/runtime/data.py
+from meshplan.runtime.data import TokenFile, step_batch  # noqa: E402
+
+
 def synthetic_batch(step: int, seed: int, dp_rank: int, cp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share of step ``step``'s global batch of random tokens (the same stream on every rank):
     its dp rank's sequences, and of each its cp rank's tokens (the targets cut the same way)."""
@@ -154,6 +158,16 @@ def synthetic_batch(step: int, seed: int, dp_rank: int, cp_rank: int) -> tuple[t
     # this cp rank's tokens of each sequence, the targets cut the same way: (local, s // CP_SIZE) each
     return (sequence_share(inputs, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE),
             sequence_share(targets, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE))
+
+
+def get_batch(step: int, seed: int, dp_rank: int, cp_rank: int, data: TokenFile | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of step ``step``'s global batch, from the token file ``data`` or synthetic."""
+    if data is None:
+        return synthetic_batch(step, seed, dp_rank, cp_rank)
+    inputs, targets = step_batch(data, step, GLOBAL_BATCH, SEQ_LEN, dp_rank, DP_SIZE)
+    return (sequence_share(inputs, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE),
+            sequence_share(targets, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE))
 '''
 
 # (old, new) replacements in codegen.script.LOOP; each must be there (checked), so that a change to the
@@ -162,7 +176,7 @@ LOOP_CHANGES = (
     ('    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()\n',
      '    dp_rank, cp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("cp")\n'
      f'    data_group = mesh["{DATA_AXIS}"].get_group()  # the dp x cp ranks: each sees other tokens\n'),
-    ("synthetic_batch(step, args.seed, dp_rank)", "synthetic_batch(step, args.seed, dp_rank, cp_rank)"),
+    ("get_batch(step, args.seed, dp_rank, data)", "get_batch(step, args.seed, dp_rank, cp_rank, data)"),
     ("dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks",
      "dist.all_reduce(loss_sum, group=data_group)  # the global mean loss: average over the dp x cp ranks"),
     ("loss = loss_sum.item() / DP_SIZE", "loss = loss_sum.item() / (DP_SIZE * CP_SIZE)"),

@@ -121,7 +121,7 @@ LOOP = '''
     times = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        inputs, targets = synthetic_batch(step, args.seed, dp_rank)
+        inputs, targets = get_batch(step, args.seed, dp_rank, data)
         losses = []  # filled on the last stage: one loss per micro-batch
         first_stage_inputs = (inputs.to(device),) if 0 in stage_ids else ()
         # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output

@@ -47,6 +47,10 @@ def selective_context():
 
 DATA = '''
 
+# --data FILE: a flat token file (nanoGPT's train.bin, a Megatron .bin), memory-mapped; see meshplan/runtime/data.py
+from meshplan.runtime.data import TokenFile, step_batch  # noqa: E402
+
+
 def synthetic_batch(step: int, seed: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share of step ``step``'s global batch of random tokens (the same stream on every rank)."""
     generator = torch.Generator().manual_seed(seed + step)
@@ -54,6 +58,14 @@ def synthetic_batch(step: int, seed: int, dp_rank: int) -> tuple[torch.Tensor, t
     local = GLOBAL_BATCH // DP_SIZE
     tokens = tokens[dp_rank * local:(dp_rank + 1) * local]  # (local, s + 1)
     return tokens[:, :-1], tokens[:, 1:]  # predict the next token
+
+
+def get_batch(step: int, seed: int, dp_rank: int, data: TokenFile | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of step ``step``'s global batch: from the token file ``data`` (windows of
+    SEQ_LEN + 1 tokens in file order, step by step; this dp rank reads only its rows), else synthetic."""
+    if data is None:
+        return synthetic_batch(step, seed, dp_rank)
+    return step_batch(data, step, GLOBAL_BATCH, SEQ_LEN, dp_rank, DP_SIZE)
 '''
 
 MAIN_START = '''
@@ -63,7 +75,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--data", help="a flat token file to train on (default: synthetic tokens)")
+    parser.add_argument("--data-dtype", choices=("uint16", "uint32", "int32"),
+                        help="the token file's integer type (default: from its Megatron .idx, else by vocabulary)")
     args = parser.parse_args()
+    # a missing file, or one whose dtype does not fit, fails here, before any process group starts
+    data = TokenFile.open(args.data, MODEL_CONFIG["vocab"], args.data_dtype) if args.data else None
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -73,6 +90,8 @@ def main() -> None:
         torch.set_num_threads(1)  # the ranks share the CPU cores
         backend = "gloo"
     dist.init_process_group(backend)
+    if data is not None:
+        data.check(GLOBAL_BATCH, SEQ_LEN)  # every id below the vocabulary (each rank reads its part)
 '''
 
 MAIN_MODEL = '''
@@ -107,7 +126,7 @@ LOOP = '''
     times = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        inputs, targets = synthetic_batch(step, args.seed, dp_rank)
+        inputs, targets = get_batch(step, args.seed, dp_rank, data)
         loss_sum = torch.zeros((), device=device)
         for mb, (x, y) in enumerate(zip(inputs.chunk(NUM_MICROBATCHES), targets.chunk(NUM_MICROBATCHES))):
 {micro_step}

@@ -54,10 +54,11 @@ class Options:
     clip_grad: float | None = None
     compile: bool = False
 
-    def check(self, plan: Plan, *, scan_data: bool = False) -> None:
-        """Bad input, before any process group or model: a missing --data file (with ``scan_data``, also
-        one too short or with an id outside the vocabulary: the whole file is read), a bad --clip-grad,
-        a missing --init-from checkpoint (each a ``PlanError``)."""
+    def check(self, plan: Plan, *, scan_data: bool = False, model: nn.Module | None = None) -> None:
+        """Bad input, before any process group: a missing --data file (with ``scan_data``, also one too
+        short or with an id outside the vocabulary: the whole file is read), a bad --clip-grad, a missing
+        --init-from checkpoint, or (given the whole ``model``, e.g. built on meta) one whose names or
+        shapes differ from the model's (each a ``PlanError``)."""
         if self.data is not None:
             file = TokenFile.open(self.data, int(plan.model["vocab"]), self.data_dtype)
             if scan_data:
@@ -65,9 +66,11 @@ class Options:
         if self.clip_grad is not None:
             check_max_norm(self.clip_grad)
         if self.init_from is not None:
-            from .pretrained import find_safetensors
+            from .pretrained import check_pretrained, find_safetensors
 
             find_safetensors(self.init_from)
+            if model is not None:
+                check_pretrained(model, self.init_from)
 
 
 def prepare_model(plan: Plan, model: nn.Module, options: Options) -> nn.Module:

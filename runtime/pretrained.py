@@ -1,0 +1,137 @@
+"""Pretrained weights: a Hugging Face safetensors checkpoint into the sharded model, and back.
+
+``load_pretrained(pm, DIR)`` reads the directory ``save_pretrained`` of transformers writes (one
+``model.safetensors`` or several with their ``model.safetensors.index.json``) with DCP's
+``HuggingFaceStorageReader``: the model's state dict (DTensor shards under TP/FSDP, this rank's
+stages under pipeline parallelism, all experts as one DTensor over ep as ``checkpoint.py`` shows
+them) is the load plan, so each rank reads only the slices it holds (safetensors' ``get_slice`` on a
+memory map). Names are the model's own parameter names, which for a transformers model are the
+checkpoint's. Before any tensor is read, the names and global shapes are compared (every rank gets
+the same verdict) and the first difference is named.
+
+``save_pretrained(pm, DIR)`` writes the same format with ``HuggingFaceStorageWriter``: every rank
+writes its shards, the coordinator consolidates them into ``model-00001-of-0000N.safetensors`` and
+the index (then the shards are removed), and rank 0 writes the model's ``config.json`` if it has a
+transformers config: the directory loads with ``from_pretrained``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from .checkpoint import SHOWN, CheckpointError, _global_shapes, _shape, _show_experts_whole
+
+if TYPE_CHECKING:
+    from .planned import PlannedModule
+
+SUFFIX = ".safetensors"
+SHARDED = "sharded"  # HuggingFaceStorageWriter's folder of per-rank files before consolidation
+
+
+def find_safetensors(path: str | os.PathLike) -> list[Path]:
+    """The ``.safetensors`` files directly under the directory ``path``; raises ``CheckpointError`` if
+    it does not exist or holds none."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"--init-from {root} is not a directory; give the directory a Hugging Face model was "
+                              "saved to (model.save_pretrained(DIR) or PlannedModule.save_pretrained)")
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(SUFFIX))
+    if not files:
+        raise CheckpointError(f"--init-from {root} holds no {SUFFIX} file; save the model with safetensors "
+                              "(transformers' default) or convert its pytorch_model.bin")
+    return files
+
+
+def saved_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Name -> global shape of every tensor in the checkpoint directory ``path`` (headers only)."""
+    find_safetensors(path)
+    metadata = HuggingFaceStorageReader(str(path)).read_metadata().state_dict_metadata
+    return {name: tuple(meta.size) for name, meta in metadata.items() if hasattr(meta, "size")}
+
+
+def check_pretrained(model: Any, path: str | os.PathLike) -> None:
+    """``check_names_and_shapes`` of a whole (unsharded, possibly meta) model against ``path``, in one
+    process: what ``meshplan run`` checks before it starts any worker."""
+    check_names_and_shapes({name: tuple(t.shape) for name, t in model.state_dict().items()}, saved_shapes(path), path)
+
+
+def load_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
+    """Fill ``pm``'s parameters from the Hugging Face checkpoint directory ``path``, each rank reading
+    what it holds. A collective. Raises ``CheckpointError`` naming the first parameter whose name or
+    shape differs, before any tensor is read."""
+    saved = saved_shapes(path)
+    reader = HuggingFaceStorageReader(str(path))
+    model_sd = get_model_state_dict(pm.module)
+    originals, _ = _show_experts_whole(pm, model_sd, {})
+    check_names_and_shapes(_global_shapes(model_sd), saved, path)
+    dcp.load(model_sd, storage_reader=reader)
+    model_sd.update(originals)  # the expert parameters themselves, which the views above filled
+    set_model_state_dict(pm.module, model_sd)
+
+
+def save_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
+    """Write ``pm``'s parameters to ``path`` as a Hugging Face safetensors checkpoint (with ``config.json``
+    if the model has a transformers config). A collective; ``path`` on a file system every rank sees."""
+    root = Path(path)
+    model_sd = get_model_state_dict(pm.module)
+    _show_experts_whole(pm, model_sd, {})
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(root / SHARDED, ignore_errors=True)
+    _barrier()
+    writer = HuggingFaceStorageWriter(str(root), save_distributed=True, enable_consolidation=True,
+                                      fqn_to_index_mapping=dict.fromkeys(_all_names(model_sd), 1))
+    dcp.save(model_sd, storage_writer=writer)
+    _barrier()  # the coordinator has consolidated
+    if _rank() == 0:
+        shutil.rmtree(root / SHARDED, ignore_errors=True)
+        config = getattr(_unwrapped(pm.module), "config", None)
+        if hasattr(config, "save_pretrained"):
+            config.save_pretrained(str(root))
+    _barrier()
+
+
+def check_names_and_shapes(model_shapes: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]],
+                           path: str | os.PathLike) -> None:
+    """Raise ``CheckpointError`` if the model's parameter names and global shapes differ from the
+    checkpoint's, naming the first difference (in the model's order) and counting the others."""
+    problems = []
+    for name, shape in model_shapes.items():
+        found = saved.get(name)
+        if found is None:
+            problems.append(f"the model's '{name}' {_shape(shape)} is not in the checkpoint")
+        elif found != shape:
+            problems.append(f"'{name}' has shape {_shape(shape)} in the model but {_shape(found)} in the checkpoint")
+    problems += [f"the checkpoint's '{name}' {_shape(shape)} is not in the model"
+                 for name, shape in saved.items() if name not in model_shapes]
+    if problems:
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:SHOWN])}{'; ...' if len(problems) > SHOWN else ''})" \
+            if len(problems) > 1 else ""
+        raise CheckpointError(f"the pretrained checkpoint {path} does not match the model: {problems[0]}{more}; "
+                              "load a checkpoint of this architecture and size (the plan's model config)")
+
+
+def _all_names(model_sd: dict[str, Any]) -> list[str]:
+    """Every rank's state-dict names (pipeline ranks hold other stages): one file index for each."""
+    return list(_global_shapes(model_sd))
+
+
+def _unwrapped(module: Any) -> Any:
+    """The user's model under DDP's ``module`` wrapper (FSDP2 and TP shard in place)."""
+    return module.module if hasattr(module, "module") and hasattr(module, "no_sync") else module
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,175 @@
+"""Pretrained weights and gradient clipping (4 gloo processes, one launch; ``pretrained_cases``).
+
+A tiny Hugging Face Llama that transformers saves here loads under dp2 x tp2 and under ZeRO-3 dp4
+(``load_pretrained``: DCP's HuggingFaceStorageReader, each rank reading its slices); its first loss
+equals transformers' own model loaded by ``from_pretrained`` on the same batch (fp32, 1e-4), and
+``save_pretrained`` writes back the same tensors, in a directory ``from_pretrained`` loads. Pipeline
+runs on zoo models only, so a zoo model saved under ZeRO-3 dp4 loads under pp2 x dp2 (and moe-tiny
+under ep2). Clipping by the global norm (SGD, so that a wrong norm shows in the parameters) matches
+``torch.nn.utils.clip_grad_norm_`` in one process under TP, FSDP, pipeline and expert parallelism.
+A checkpoint of another size is refused, naming the first parameter; through ``meshplan run`` bad
+``--init-from`` input exits 2 with one line before torchrun starts."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import meshplan as mp  # noqa: E402
+import user_models  # noqa: E402
+from checkpoint_cases import plan_for  # noqa: E402
+from meshplan import zoo  # noqa: E402
+from meshplan.runtime.planned import token_cross_entropy  # noqa: E402
+from meshplan.runtime.source import build  # noqa: E402
+from meshplan.runtime.train import synthetic_batch  # noqa: E402
+from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, make_plan, run_ranks  # noqa: E402
+from pretrained_cases import CLIP, SGD_LR  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()}
+PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")
+HF_CASES = {"dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+            "zero3 dp4": dict(dp=4, tp=1, zero=3, micro_batch=2, num_microbatches=1)}
+ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict(pp=2, dp=2, nmb=2)),
+             "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3))}
+
+
+def _hf_plan(**fixed) -> mp.Plan:
+    with torch.device("meta"):
+        model = build(HF_LLAMA)
+    return mp.autoparallelize(model, "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, fixed={**PINS, **fixed})
+
+
+def _zoo_plan(model: str, mesh: dict) -> str:
+    return dataclasses.replace(plan_for(model, **mesh), cluster="cpu:1x4").to_json()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """The checkpoints transformers writes: the model the ranks load, and one of another size."""
+    tmp = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(LlamaConfig(**user_models.hf_llama_config()))
+    model.save_pretrained(tmp / "llama")
+    LlamaForCausalLM(LlamaConfig(**{**user_models.hf_llama_config(), "intermediate_size": 96})).save_pretrained(tmp / "other")
+    return {"dir": tmp / "llama", "other": tmp / "other", "tensors": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+@pytest.fixture(scope="module")
+def ranks(saved, tmp_path_factory) -> list[dict]:
+    hf = [{"name": f"{name}{' clip' if clip else ''}", "plan": _hf_plan(**fixed).to_json(), "clip": clip}
+          for name, fixed in HF_CASES.items() for clip in (False, True)]
+    zoo_cases = [{"name": name, "model": model, "save_plan": _zoo_plan(model, save), "load_plan": _zoo_plan(model, load),
+                  "clip": True} for name, (model, save, load) in ZOO_CASES.items()]
+    tmp = tmp_path_factory.mktemp("pretrained4")
+    run_ranks(4, "pretrained_cases:run_cases", {"hf": hf, "zoo": zoo_cases, "checkpoint": str(saved["dir"]),
+                                                 "other": str(saved["other"])}, tmp, timeout_s=600)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+def _hf_reference(saved: dict, clip: bool) -> tuple[float, float | None, dict[str, torch.Tensor]]:
+    """transformers' own model, loaded from the checkpoint: the first loss, and with ``clip`` the
+    gradient norm and the parameters after one clipped SGD step."""
+    model = LlamaForCausalLM.from_pretrained(saved["dir"], torch_dtype=torch.float32)
+    x, y = synthetic_batch(model.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
+    loss = token_cross_entropy(model(input_ids=x, use_cache=False).logits, y)
+    norm, params = _clipped_step(model, loss) if clip else (None, {})
+    return loss.item(), norm, params
+
+
+def _clipped_step(model: torch.nn.Module, loss: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
+    assert norm > CLIP  # the case really clips
+    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    opt.step()
+    return norm, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _assert_params(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    assert sorted(got) == sorted(want)
+    for name, ref in want.items():
+        torch.testing.assert_close(got[name], ref, atol=atol, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_a_transformers_checkpoint_loads_sharded_and_gives_transformers_loss(saved, ranks, name) -> None:
+    ref_loss, _, _ = _hf_reference(saved, clip=False)
+    got = [r[name] for r in ranks]
+    assert all(g["loss"] == got[0]["loss"] for g in got)
+    assert got[0]["loss"] == pytest.approx(ref_loss, abs=1e-4)
+    # and not by chance: the model started from other weights (pretrained_cases.OTHER_SEED)
+    torch.manual_seed(1234)
+    fresh = build(HF_LLAMA)
+    x, y = synthetic_batch(fresh.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
+    assert token_cross_entropy(fresh(input_ids=x, use_cache=False).logits, y).item() != pytest.approx(ref_loss, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_save_pretrained_gives_back_the_same_tensors(saved, ranks, name) -> None:
+    out = Path(ranks[0][name]["saved"])
+    tensors = {}
+    for file in sorted(out.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    assert sorted(tensors) == sorted(saved["tensors"])
+    for key, want in saved["tensors"].items():
+        assert torch.equal(tensors[key], want), key
+    assert (out / "config.json").is_file() and not (out / "sharded").exists()
+    again = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)  # transformers reads it back
+    assert torch.equal(again.model.embed_tokens.weight, saved["tensors"]["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_clipping_by_the_global_norm_matches_one_process(saved, ranks, name) -> None:
+    ref_loss, ref_norm, ref_params = _hf_reference(saved, clip=True)
+    got = [r[f"{name} clip"] for r in ranks]
+    assert all(g["norm"] == pytest.approx(got[0]["norm"], rel=1e-6) for g in got)  # every rank clips alike
+    assert got[0]["norm"] == pytest.approx(ref_norm, rel=1e-5)
+    assert got[0]["loss"] == pytest.approx(ref_loss, abs=1e-4)
+    _assert_params(got[0]["params"], ref_params)
+
+
+@pytest.mark.parametrize("name", list(ZOO_CASES))
+def test_zoo_weights_load_under_pipeline_and_experts_and_clip_alike(ranks, name) -> None:
+    model = ZOO_CASES[name][0]
+    got = [r[name] for r in ranks]
+    _assert_params(got[0]["loaded"], got[0]["before"], atol=0)  # the saved weights, exactly
+    torch.manual_seed(SEED)
+    net = zoo.build(model)
+    x, y = synthetic_batch(net.config.vocab, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
+    loss = zoo.loss_fn(net(x), y)
+    ref_norm, ref_params = _clipped_step(net, loss)
+    assert all(g["norm"] == pytest.approx(got[0]["norm"], rel=1e-6) for g in got)
+    assert got[0]["norm"] == pytest.approx(ref_norm, rel=1e-5)
+    assert got[0]["loss"] == pytest.approx(loss.item(), abs=1e-5)
+    _assert_params(got[0]["params"], ref_params)
+
+
+def test_a_checkpoint_of_another_size_is_refused_naming_the_first_parameter(ranks) -> None:
+    errors = [r["mismatch"] for r in ranks]
+    assert errors[0] is not None and all(e == errors[0] for e in errors)
+    assert re.search(r"does not match the model: 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \(128, 64\) "
+                     r"in the model but \(96, 64\) in the checkpoint \(and 5 more", errors[0]), errors[0]
+
+
+@pytest.mark.parametrize("case", ["missing", "other size"])
+def test_bad_init_from_exits_2_with_one_line_before_torchrun(saved, tmp_path, case) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(_hf_plan(**HF_CASES["dp2 x tp2"]).to_json())
+    path, want = ((tmp_path / "nowhere", r"--init-from \S+nowhere is not a directory") if case == "missing" else
+                  (saved["other"], r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \(128, 64\)"))
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "run", str(plan), "--nproc", "4", "--steps", "1",
+                           "--init-from", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and re.search(want, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
