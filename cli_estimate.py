@@ -15,7 +15,7 @@ prints the plan with its prediction instead. ``cli.py`` registers it with ``add_
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import ir, zoo
@@ -32,9 +32,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``estimate`` on the ``meshplan`` command's subparsers."""
     p = subparsers.add_parser("estimate", help="predict the time and memory of one plan, every choice given",
                               description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a zoo name (see `meshplan zoo list`)")
-    src.add_argument("--model-config", metavar="FILE", help="a JSON model config (family, layers, hidden, ...)")
+    from .cli_model import add_model_args
+
+    add_model_args(p)  # a zoo name, hf:PATH or pkg.module:function (+ --model-kwargs), or --model-config
     p.add_argument("--cluster", required=True,
                    help="NAME:NODESxGPUS (e.g. h100-sxm:16x8), a cluster file CLUSTER.json (the presets' "
                         "format) or a profile written by `meshplan calibrate`")
@@ -76,10 +76,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     cluster = parse_cluster(args.cluster)
-    config = _config(args)
+    config, traced = _config(args)
     check_choices(args, config, cluster.world_size)
     plan = build_plan(config, cluster, args)  # bad degrees fail here, before the trace
-    graph = _graph(config, args.seq_len)
+    graph = traced.graph if traced is not None else _graph(config, args.seq_len)
+    if traced is not None:  # the user's model: the plan says where it comes from and what was found in it
+        plan = replace(plan, source=traced.source, structure=traced.structure)
     names = tuple(p.name for p in graph.params)
     plan = replace(plan, param_layouts=param_layouts(names, tp=plan.mesh.tp, zero=plan.zero_stage, dp=plan.mesh.dp))
     plan = plan.with_prediction(estimate(graph, cluster, plan, software=software_named(args.software)))
@@ -105,7 +107,42 @@ def _rate(flops_per_s: float) -> str:
     return f"{flops_per_s / 1e12:.1f} TF" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:.2f} GF"
 
 
-def _config(args: argparse.Namespace) -> zoo.ModelConfig:
+@dataclass(frozen=True)
+class Traced:
+    """A model that is not the zoo's, as ``estimate`` traced it."""
+
+    graph: ir.Graph
+    source: dict
+    structure: dict
+
+
+def _config(args: argparse.Namespace) -> tuple[zoo.ModelConfig, Traced | None]:
+    """The model's sizes; for a model given as hf:PATH or pkg.module:function, also its traced graph."""
+    from .cli_model import model_arg, model_kwargs
+
+    if args.model and ":" in args.model:
+        return _traced_config(model_arg(args), model_kwargs(args), args.seq_len)
+    return _zoo_config(args), None
+
+
+def _traced_config(model: Any, kwargs: dict | None, seq_len: int) -> tuple[zoo.ModelConfig, Traced]:
+    from .api import model_and_source, model_config
+    from .frontend import trace
+
+    module, source = model_and_source(model, kwargs)
+    graph = trace(module, batch=1, seq_len=min(seq_len, 64))
+    if not graph.dims.layers:
+        raise ir.UnsupportedModelError(f"{type(module).__name__} has no repeated blocks: the cost model prices a "
+                                       "model block by block")
+    cfg = model_config(module, graph, seq_len)
+    if seq_len > cfg["max_seq_len"]:
+        raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {cfg['max_seq_len']}")
+    structure = graph.structure.to_dict() if graph.structure is not None else {}
+    # the sizes as a zoo config (its fields are the ones plan.model has), only to carry them here
+    return zoo.ModelConfig.from_dict(cfg), Traced(graph=graph, source=source, structure=structure)
+
+
+def _zoo_config(args: argparse.Namespace) -> zoo.ModelConfig:
     if args.model is not None:  # '' too: the zoo says it has no such model
         config = zoo.config(args.model)
     else:

@@ -77,3 +77,24 @@ def test_cli_model_forms_refuse_bad_input_in_one_line(args: list[str], message: 
                            "--global-batch", "8", "--seq-len", "16"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_takes_a_builder_and_records_its_source() -> None:
+    """``meshplan estimate`` reads the same model forms as ``plan``; its plan names the builder and the
+    structure traced from it."""
+    import json
+    import os
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    done = subprocess.run([sys.executable, "-m", "meshplan.cli", "estimate", "--model", "user_models:nanogpt",
+                           "--model-kwargs", '{"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab_size": 128}',
+                           "--cluster", "h100-sxm:1x8", "--global-batch", "16", "--seq-len", "64", "--tp", "2",
+                           "--no-sp", "--json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(examples)})
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["source"] == {"kind": "builder", "target": "user_models:nanogpt",
+                              "kwargs": {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab_size": 128}}
+    assert plan["structure"]["blocks"] == "transformer.h" and plan["model"]["layers"] == 4
+    assert plan["mesh"]["tp"] == 2 and plan["prediction"]["step_time_s"] > 0
