@@ -24,7 +24,8 @@ def plan(family: str = "gpt", *, dp: int = 1, tp: int = 1, zero: int = 0, sp: bo
          recompute: tuple[str, ...] = (), layers: int = 4, **mesh: int) -> ir.Plan:
     return ir.Plan(model={**CONFIGS[family], "layers": layers}, cluster="cpu:1x8", global_batch=8 * dp,
                    seq_len=16, mesh=ir.Mesh(dp=dp, tp=tp, **mesh), zero_stage=zero, sequence_parallel=sp,
-                   micro_batch_size=8 // nmb, num_microbatches=nmb, recompute=recompute)
+                   micro_batch_size=8 // nmb, num_microbatches=nmb, recompute=recompute,
+                   dtype="float32")  # fp32 programs (bf16 adds precision steps: tests/runtime/test_runtime_precision)
 
 
 def test_one_process_builds_only_the_mesh() -> None:
