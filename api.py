@@ -36,6 +36,7 @@ class Plan(ir.Plan):
         from .codegen.safe import kernels_module_name
 
         fuse = bool(self.fusions) if fuse is None else fuse
+        check_zoo_layouts(self)
         path = Path(path)
         kernels_module = kernels_module_name(path.stem)
         files = {}
@@ -67,6 +68,32 @@ class Plan(ir.Plan):
         if fuse is None:
             fuse = bool(self.fusions) and torch.cuda.is_available()
         return apply(self, model, optimizer=optimizer, fuse=fuse, loss_fn=loss_fn)
+
+
+def check_zoo_layouts(plan: ir.Plan) -> None:
+    """A zoo model's plan lays out parameters that model has, each ``S(dim)`` a dim of the parameter;
+    ``InvalidPlanError`` naming the first that is not. Blocks are alike, so one block stands for all
+    (the schema checked ``layers.N`` against the layer count). Other sources are checked when the script
+    builds the model (``plan.apply``)."""
+    source = plan.source or {"kind": "zoo"}
+    if not plan.param_layouts or source.get("kind") != "zoo":
+        return
+    cfg = source.get("config") or (zoo.config(source["name"]).to_dict() if source.get("name") else plan.model)
+    with torch.device("meta"):
+        model = zoo.build_from_config({**cfg, "layers": 1})
+    ndims = {name: p.ndim for name, p in model.named_parameters()}
+    for name, layout in plan.param_layouts.items():
+        parts = name.split(".")
+        key = ".".join(["layers", "0", *parts[2:]]) if parts[0] == "layers" and parts[1:2] != [] else name
+        if key not in ndims or (key != name and not parts[1].isdigit()):
+            what = cfg.get("name") or cfg.get("family")
+            raise ir.InvalidPlanError(f"param_layouts names {name!r}, a parameter the model ({what}) does not have; "
+                                      "re-plan this model (meshplan plan)")
+        for axis, text in zip(ir.AXES, layout):
+            placement = ir.parse_placement(text)
+            if isinstance(placement, ir.Shard) and not -ndims[key] <= placement.dim < ndims[key]:
+                raise ir.InvalidPlanError(f"param_layouts[{name!r}] shards dim {placement.dim} over {axis}, but "
+                                          f"the parameter has {ndims[key]} dim(s); re-plan this model")
 
 
 def as_api_plan(plan: ir.Plan) -> Plan:
@@ -134,13 +161,18 @@ def model_config(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> dict
 def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[frozenset[str], tuple[str, ...]]:
     """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
     why the rest is not offered, in words for the report."""
+    from .codegen.tp_plans import sp_blockers
+
     runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
         return frozenset(runtime), ()
-    runtime -= {"pp", "cp", "sp"}
-    why.append("pipeline, context and sequence parallelism are not offered: the runtime runs them on meshplan's "
-               "zoo module classes only so far (tensor, expert, data and ZeRO parallelism and recompute run on "
-               "any model's modules)")
+    runtime -= {"pp", "cp"}
+    why.append("pipeline and context parallelism are not offered: the runtime runs them on meshplan's zoo module "
+               "classes only so far (tensor, sequence, expert, data and ZeRO parallelism and recompute run on any "
+               "model's modules)")
+    if structure is not None and (blockers := sp_blockers(structure)):
+        runtime -= {"sp"}
+        why.append(f"sequence parallelism is not offered: {'; '.join(blockers)}")
     if structure is None or not structure.num_blocks:
         runtime -= {"tp", "tp_replicate", "moe_tp"}
         why.append("tensor parallelism is not offered: no repeated blocks (a ModuleList or ModuleDict of alike "

@@ -71,12 +71,23 @@ def _model_dims(plan: Plan) -> dict[str, Any]:
     """The sizes lowering needs: the blocks and module paths from ``plan.structure``, the widths tensor
     parallelism splits from ``plan.model`` (0 defaults as zoo.ModelConfig has them)."""
     model, s = plan.model, structure_of(plan)
-    heads = int(model.get("heads", 1))
+    heads = _size(model, "heads", 1)
     family = zoo_family(s)
     return {"structure": s, "family": family or "custom", "layers": s.num_blocks, "heads": heads,
-            "kv_heads": int(model.get("kv_heads") or heads),
-            "ffn_hidden": int(model.get("ffn_hidden") or 4 * int(model.get("hidden", 0))),
-            "vocab": int(model.get("vocab", 0)), "zoo": family is not None}
+            "kv_heads": _size(model, "kv_heads", 0) or heads,
+            "ffn_hidden": _size(model, "ffn_hidden", 0) or 4 * _size(model, "hidden", 0),
+            "vocab": _size(model, "vocab", 0), "zoo": family is not None}
+
+
+def _size(model: dict[str, Any], key: str, default: int) -> int:
+    """``model[key]``, a non-negative int (a plan built in Python skips the file schema's check)."""
+    value = model.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidPlanError(f"plan.model[{key!r}] must be a non-negative integer, got {value!r:.60}; "
+                               "give the model's size (meshplan.zoo.ModelConfig's fields)")
+    return value
 
 
 def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:

@@ -54,7 +54,7 @@ PROFILE_SCHEMA = "meshplan.profile/1"  # profile.SCHEMA, written by runtime/cali
 SPEC_FORM = ("NAME:NODESxGPUS, e.g. h100-sxm:16x8, or the path of a cluster file CLUSTER.json "
              "(the presets' format) or of a profile PROFILE.json from `meshplan calibrate`")
 MAX_SPEC_CHARS = 4096  # PATH_MAX on Linux: no spec or path is longer
-_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(-?\d+)x(-?\d+))?$")
+_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(-?\d+)x(-?\d+))?$", re.ASCII)  # \d: 0-9 only
 _ACCEL_NUMBERS = ("memory_bytes", "reserved_bytes", "memory_bw_Bps", "memory_efficiency", "attention_efficiency",
                   "kernel_overhead_s")
 _ACCEL_COUNTS = ("compute_units", "matmul_tile_elems")

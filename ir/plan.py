@@ -243,6 +243,9 @@ def _check(plan: Plan) -> None:
         bad(f"pp({m.pp}) > 1 needs stages")
     if plan.vp > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
         bad(f"vp({plan.vp}) > 1 needs schedule 'interleaved-1f1b', got {str(plan.schedule)!r}")
+    if plan.vp > 1 and m.pp == 1:
+        bad(f"vp({plan.vp}) > 1 needs pp > 1 (virtual stages split each pipeline rank's layers), got pp(1); "
+            "set vp to 1")
     for name, layout in plan.param_layouts.items():
         if len(layout) != len(AXES):
             bad(f"param_layouts[{name!r}] has {len(layout)} placements; expected one per axis {AXES}")

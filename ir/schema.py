@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -55,7 +56,7 @@ MAX_PARAMS = 10**6  # parameter layouts in one plan
 MAX_ENTRIES = 1_000  # keys of a small object (structure, phases, memory_bytes, ...)
 MAX_SOURCE_DEPTH, MAX_SOURCE_NODES = 16, 100_000  # an hf config or builder kwargs
 
-CLUSTER_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(\d+)x(\d+))?$")  # as cost_model/catalog.py
+CLUSTER_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(\d+)x(\d+))?$", re.ASCII)  # as cost_model/catalog.py
 MODULE_PATH = r"^$|^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
 PLACEMENT = r"^(R|P|S\(-?\d{1,2}\))$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
@@ -323,6 +324,9 @@ def _invariants(p: PlanFile):
         yield "structure", str(exc).removeprefix("structure: ")
     if isinstance(p.source, ZooSource) and (p.source.name is None) == (p.source.config is None):
         yield "source", "a zoo source names a zoo model (name) or gives a zoo config (config), exactly one of them"
+    if isinstance(p.source, BuilderSource) and p.source.target.split(".")[0].split(":")[0] in sys.stdlib_module_names:
+        yield "source.target", (f"{p.source.target!r} is in Python's standard library, not a model builder; a plan "
+                                "file's builder is called by emit and run, so it must be the user's own function")
     for key in ("config", "kwargs"):
         tree = getattr(p.source, key, None)
         if tree is not None:
