@@ -36,6 +36,8 @@ class Plan(ir.Plan):
         from .codegen.safe import kernels_module_name
 
         fuse = bool(self.fusions) if fuse is None else fuse
+        if not self.cluster.strip().endswith(".json"):  # a preset that exists (a profile may be elsewhere)
+            parse_cluster(self.cluster)
         check_zoo_layouts(self)
         path = Path(path)
         kernels_module = kernels_module_name(path.stem)
@@ -71,14 +73,23 @@ class Plan(ir.Plan):
 
 
 def check_zoo_layouts(plan: ir.Plan) -> None:
-    """A zoo model's plan lays out parameters that model has, each ``S(dim)`` a dim of the parameter;
+    """A zoo model's plan names a config the zoo can build and lays out parameters that model has, each ``S(dim)`` a dim of the parameter;
     ``InvalidPlanError`` naming the first that is not. Blocks are alike, so one block stands for all
     (the schema checked ``layers.N`` against the layer count). Other sources are checked when the script
     builds the model (``plan.apply``)."""
     source = plan.source or {"kind": "zoo"}
-    if not plan.param_layouts or source.get("kind") != "zoo":
+    if source.get("kind") != "zoo" or "family" not in plan.model and not source.get("name"):
         return
     cfg = source.get("config") or (zoo.config(source["name"]).to_dict() if source.get("name") else plan.model)
+    known = {f.name for f in fields(zoo.ModelConfig)}
+    zoo.ModelConfig.from_dict({k: v for k, v in cfg.items() if k in known})  # the zoo's rules (a moe has experts)
+    differ = sorted(k for k in known - {"name"} if k in cfg and k in plan.model and plan.model[k] != cfg[k])
+    if differ:
+        raise ir.InvalidPlanError(f"plan.model.{differ[0]} is {plan.model[differ[0]]!r:.40} but the zoo model the "
+                                  f"source names has {cfg[differ[0]]!r:.40}; the script builds the source's model, so "
+                                  "re-plan it (meshplan plan)")
+    if not plan.param_layouts:
+        return
     with torch.device("meta"):
         model = zoo.build_from_config({**cfg, "layers": 1})
     ndims = {name: p.ndim for name, p in model.named_parameters()}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any
+from typing import Any, Callable
 
 from fuzz_oracle import (cluster_violations, file_numbers_violations, model_violations, plan_violations, strict_json,
                          type_changes)
@@ -169,7 +169,7 @@ def special_file(rng: random.Random) -> tuple[Any, str]:
 # the kinds
 
 
-def plan_case(seeds: dict[str, dict], shapes: Any, rng: random.Random) -> dict:
+def plan_case(seeds: dict[str, dict], shapes: Any, rng: random.Random, *, allow_run: bool = True) -> dict:
     name = rng.choice(sorted(seeds))
     seed = seeds[name]
     r = rng.random()
@@ -183,7 +183,7 @@ def plan_case(seeds: dict[str, dict], shapes: Any, rng: random.Random) -> dict:
         data, raw, what = mutate_json(seed, rng)
     parsed, reason = strict_json(raw)
     violations = [reason] if reason else plan_violations(parsed, param_shapes=shapes(parsed))
-    if name.endswith("-1") and rng.random() < 0.15:  # one process: `meshplan run` trains a step in seconds
+    if allow_run and name.endswith("-1") and rng.random() < 0.15:  # one process: `meshplan run` trains a step in seconds
         return _case("plan", f"{name}: {what} (run)", ["run", "plan.json", "--nproc", "1", "--steps", "1"],
                      {"plan.json": raw}, violations)
     out = rng.choice(("out.py", "train-70b.py", "70b.py", "run.v2.py"))
@@ -192,75 +192,74 @@ def plan_case(seeds: dict[str, dict], shapes: Any, rng: random.Random) -> dict:
                  violations, emit=True, out=out)
 
 
-def _semantic(seed: dict, rng: random.Random) -> tuple[Any, bytes, str]:
-    """Mutations that keep the JSON well typed but break (or keep) a rule across fields."""
+def _put(*path: str) -> Callable[[Any], Callable[[dict], None]]:
+    def with_value(value: Any) -> Callable[[dict], None]:
+        def put(d: dict) -> None:
+            target = d
+            for key in path[:-1]:
+                if not isinstance(target.get(key), dict):
+                    target[key] = {}
+                target = target[key]
+            target[path[-1]] = copy.deepcopy(value)
+        return put
+    return with_value
+
+
+def _layout(name: str, layout: list[str]) -> Callable[[dict], None]:
+    return lambda d: d["param_layouts"].__setitem__(name, layout)
+
+
+def _recompute(delta: int) -> Callable[[dict], None]:
+    return lambda d: d.__setitem__("recompute", d["recompute"][:-1] if delta < 0 else d["recompute"] + ["full"])
+
+
+# well-typed changes that break (or keep) a rule across fields: (what, change in place)
+SEMANTIC: tuple[tuple[str, Callable[[dict], None]], ...] = (
+    *((f"mesh.{a} = {n}", _put("mesh", a)(n)) for a in ("pp", "dp", "cp", "tp", "ep") for n in (2, 3, 4)),
+    *((f"cluster = {c!r}", _put("cluster")(c)) for c in (
+        "cpu:1x3", "cpu:2x4", "cpu:0x4", "h100-sxm:1x8", "nope:1x4", "cpu", "cpu:1x4x2", "cpu:1X4", " cpu:1x4 ",
+        "../../etc/passwd.json", "/dev/zero.json", "cpu:01x4", "cpu:99999999999999999999x8", "h100-sxm:1250000x8",
+        "cpu:\uff11x\uff14".encode().decode("unicode_escape"))),
+    *((f"param_layouts[{n!r}] = {lay}", _layout(n, lay)) for n in (
+        "layers.0.attn.nope.weight", "layers.99.attn.wq.weight", "nope", "embed.tok.weight", "layers.0.mlp.fc1.weight",
+        "output.weight", "layers.-1.x", "layers.0.attn_norm.weight", "layers.x.attn_norm.weight")
+      for lay in (["R"] * 5, ["R", "R", "R", "S(1)", "R"], ["S(9)"] + ["R"] * 4)),
+    *((f"model.{k} = {v!r}", _put("model", k)(v)) for k, v in (
+        ("heads", 0), ("vocab", -5), ("hidden", 65), ("layers", True), ("layers", 5), ("kv_heads", 3), ("top_k", 9),
+        ("heads", 3), ("layers", 0), ("hidden", 2**40), ("family", "nope"), ("family", "moe"), ("experts", 3),
+        ("max_seq_len", 8), ("layers", "x"), ("heads", 8), ("heads", 64))),
+    *((f"stages = {st}", _put("stages")(st)) for st in (
+        [[0, 2], [2, 4]], [[0, 3], [2, 4]], [[0, 4]], [[0, 2], [3, 4]], [[0, 0], [0, 4]], [[0, 4], [4, 4]],
+        [[0, 2], [2, 5]], [[1, 4]])),
+    ("recompute one short", _recompute(-1)), ("recompute one long", _recompute(1)),
+    *((f"fusions = {f}", _put("fusions")(f)) for f in (["swiglu", "swiglu"], ["nope"], ["softmax"],
+                                                       ["add_rmsnorm", "swiglu"], [""])),
+    *((f"dtype = {t}", _put("dtype")(t)) for t in ("float8", "int8", "float16", "float64", "bool", "float32")),
+    *((f"source = {json.dumps(src)[:50]}", _put("source")(src)) for src in (
+        {"kind": "module"}, {"kind": "zoo", "name": "nope"}, {"kind": "zoo", "name": "llama-tiny"}, {"kind": "zoo"},
+        {"kind": "builder", "target": "subprocess:run", "kwargs": {"args": ["touch", MARKER]}},
+        {"kind": "builder", "target": "os:system", "kwargs": {"command": f"touch {MARKER}"}},
+        {"kind": "builder", "target": "nope.mod:fn"}, {"kind": "hf", "config": {}}, {})),
+    *((f"prediction.{k} = {v}", _put("prediction", k)(v)) for k in ("step_time_s", "mfu") for v in (-1.0, 1e300)),
+    *((f"global_batch = {b}", _put("global_batch")(b)) for b in (3, 2**40, 2**41)),
+    ("sequence_parallel flipped", lambda d: d.__setitem__("sequence_parallel", not d.get("sequence_parallel"))),
+    *((f"vp = {vp}, schedule = {sch}", lambda d, vp=vp, sch=sch: d.update(vp=vp, schedule=sch))
+      for vp, sch in ((2, "1f1b"), (2, "interleaved-1f1b"), (1, "zero-bubble"), (1, "gpipe"))),
+    *((f"zero_stage = {z}, zero_group = {g}", lambda d, z=z, g=g: d.update(zero_stage=z, zero_group=g))
+      for z, g in ((1, 2), (3, 2), (3, 4), (2, 0), (3, 0), (0, 0))),
+)
+
+
+def semantic(seed: dict, index: int) -> tuple[Any, bytes, str]:
+    """``SEMANTIC[index]`` applied to a copy of ``seed``: (value, file bytes, what)."""
+    what, change = SEMANTIC[index]
     d = copy.deepcopy(seed)
-    m, cfg = d["mesh"], d["model"]
-    choice = rng.randrange(14)
-    if choice == 0:
-        axis = rng.choice(("pp", "dp", "cp", "tp", "ep"))
-        m[axis] = rng.choice((2, 3, 4, 8))
-        what = f"mesh.{axis} = {m[axis]}"
-    elif choice == 1:
-        d["cluster"] = rng.choice(("cpu:1x3", "cpu:2x4", "cpu:0x4", "h100-sxm:1x8", "nope:1x4", "cpu", "cpu:1x4x2",
-                                   "cpu:1X4", " cpu:1x4 ", "../../etc/passwd.json", "/dev/zero.json", "cpu:01x4",
-                                   "cpu:99999999999999999999x8", "h100-sxm:1250000x8"))
-        what = f"cluster = {d['cluster']!r}"
-    elif choice == 2:
-        layout = rng.choice((["R"] * 5, ["S(0)", "R", "R", "S(1)", "R"], ["S(9)"] + ["R"] * 4, ["R"] * 4, ["Q"] * 5))
-        name = rng.choice(("layers.0.attn.nope.weight", "layers.99.attn.wq.weight", "nope", "embed.tok.weight",
-                           "layers.0.mlp.fc1.weight", "output.weight", "layers.-1.x", "layers.0.attn_norm.weight"))
-        d["param_layouts"][name] = layout
-        what = f"param_layouts[{name!r}] = {layout}"
-    elif choice == 3:
-        key, value = rng.choice((("heads", 0), ("vocab", -5), ("hidden", 65), ("layers", True), ("layers", 5),
-                                 ("kv_heads", 3), ("top_k", 9), ("heads", 3), ("layers", 0), ("hidden", 2**40),
-                                 ("family", "nope"), ("family", "moe"), ("experts", 3), ("max_seq_len", 8)))
-        cfg[key] = value
-        what = f"model.{key} = {value!r}"
-    elif choice == 4:
-        d["stages"] = rng.choice(([[0, 2], [2, 4]], [[0, 3], [2, 4]], [[0, 4]], [[0, 2], [3, 4]], [[0, 0], [0, 4]],
-                                  [[0, 4], [4, 4]], [[0, 2], [2, 5]], [[1, 4]]))
-        what = f"stages = {d['stages']}"
-    elif choice == 5:
-        d["recompute"] = d["recompute"][:-1] if rng.random() < 0.5 else d["recompute"] + ["full"]
-        what = f"recompute has {len(d['recompute'])} entries"
-    elif choice == 6:
-        d["fusions"] = rng.choice((["swiglu", "swiglu"], ["nope"], ["softmax"], ["add_rmsnorm", "swiglu"], [""]))
-        what = f"fusions = {d['fusions']}"
-    elif choice == 7:
-        d["dtype"] = rng.choice(("float8", "int8", "float16", "float64", "bool", "float32"))
-        what = f"dtype = {d['dtype']}"
-    elif choice == 8:
-        d["source"] = rng.choice(({"kind": "module"}, {"kind": "zoo", "name": "nope"}, {"kind": "zoo", "name": "llama-tiny"},
-                                  {"kind": "zoo"}, {"kind": "builder", "target": "subprocess:run",
-                                                    "kwargs": {"args": ["touch", MARKER]}},
-                                  {"kind": "builder", "target": "os:system", "kwargs": {"command": f"touch {MARKER}"}},
-                                  {"kind": "builder", "target": "nope.mod:fn"}, {"kind": "hf", "config": {}},
-                                  {"kind": "zoo", "config": cfg}, {}))
-        what = f"source = {json.dumps(d['source'])[:60]}"
-    elif choice == 9:
-        pred = d.get("prediction") or {}
-        if pred:
-            key = rng.choice(("step_time_s", "mfu", "peak_memory_bytes"))
-            pred[key] = rng.choice((-1.0, 0.0, 1e300))
-            what = f"prediction.{key} = {pred[key]}"
-        else:
-            what = "unchanged"
-    elif choice == 10:
-        d["global_batch"] = rng.choice((d["global_batch"] * 2, 3, 2**40, 2**41))
-        what = f"global_batch = {d['global_batch']}"
-    elif choice == 11:
-        d["sequence_parallel"] = not d.get("sequence_parallel", False)
-        what = f"sequence_parallel = {d['sequence_parallel']}"
-    elif choice == 12:
-        d["vp"], d["schedule"] = rng.choice(((2, "1f1b"), (2, "interleaved-1f1b"), (1, "zero-bubble"), (1, "gpipe")))
-        what = f"vp = {d['vp']}, schedule = {d['schedule']}"
-    else:
-        d["zero_stage"], d["zero_group"] = rng.choice(((1, 2), (3, 2), (3, 4), (2, 0), (3, 0), (0, 0)))
-        what = f"zero_stage = {d['zero_stage']}, zero_group = {d['zero_group']}"
-    raw = _dumps(d)
-    return d, raw, what
+    change(d)
+    return d, _dumps(d), what
+
+
+def _semantic(seed: dict, rng: random.Random) -> tuple[Any, bytes, str]:
+    return semantic(seed, rng.randrange(len(SEMANTIC)))
 
 
 CONFIG_SEEDS = ({"family": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "max_seq_len": 128},
