@@ -57,7 +57,8 @@ def _tp_imports(program: Program) -> list[str]:
             for _, value in kwargs:
                 if isinstance(value, bool):
                     continue
-                for layout in value if isinstance(value, tuple) else (value,):
+                layouts = value.values() if isinstance(value, dict) else value if isinstance(value, tuple) else (value,)
+                for layout in layouts:
                     placements.add("Replicate" if layout == "R" else "Shard")
     if not classes:
         return []

@@ -48,9 +48,13 @@ class TPStyle:
     dst: str | None = None
     out_src: str | None = None
     out: str | None = None
+    kwarg: str | None = None  # prepare_input(_output): the input is this keyword argument, not the first positional
+    local: bool = False  # prepare_input: hand the module a plain local tensor (use_local_output)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StyleKind(self.kind))
+        if self.kwarg is not None and not (isinstance(self.kwarg, str) and self.kwarg.isidentifier()):
+            raise InvalidPlanError(f"TPStyle.kwarg: {self.kwarg!r} is not a keyword argument name")
         for name in ("src", "dst", "out_src", "out"):
             layout = getattr(self, name)
             if layout is None:

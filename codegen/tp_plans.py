@@ -72,16 +72,21 @@ def embedding_sum(s: ModelStructure) -> str:
 def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     """Embedding, final norm and output head.
 
-    The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). With a learned
-    position embedding added after it, the sum is made whole (R) and then cut to S(1) by
-    ``PrepareModuleOutput`` on the module that adds them (``embedding_sum``); without one the
-    embedding reduce-scatters straight to S(1). The output head is column-parallel over the
-    vocabulary and gathered to R so the loss sees whole logits. A head tied to the embedding keeps
-    both replicated: one parameter cannot be split by rows for one and by columns for the other.
+    The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). The output head
+    is column-parallel over the vocabulary and gathered to R so the loss sees whole logits. A head tied
+    to the embedding keeps both replicated: one parameter cannot be split by rows for one and by
+    columns for the other.
+
+    Where sequence parallelism cuts the stream to S(1): on the zoo's modules, at the embedding (a
+    reduce-scatter; with a learned position embedding the sum is made whole, R, then cut by
+    ``PrepareModuleOutput`` on the module that adds them, ``embedding_sum``). On any other model,
+    at the first block's input (``PrepareModuleInput`` R -> S(1), a free slice), because the model's
+    own forward may still read the whole embedded sequence before its blocks (Hugging Face builds the
+    causal mask and the rotary tables from it).
     """
+    if not _cut_at_embedding(s):
+        return _root_plan_cut_at_blocks(s, sp)
     plan: list[tuple[str, TPStyle]] = []
-    if s.tied_head:
-        return tuple([(s.final_norm, SP_NORM)] if sp else [])
     if s.pos_embed:
         plan.append((s.embed, TPStyle(kind=StyleKind.ROWWISE, src="R", out="R")))
         if sp:
@@ -95,6 +100,26 @@ def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     return tuple(plan)
 
 
+def _cut_at_embedding(s: ModelStructure) -> bool:
+    from .structure import zoo_family
+
+    return zoo_family(s) is not None
+
+
+def _root_plan_cut_at_blocks(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
+    plan: list[tuple[str, TPStyle]] = []
+    if s.embed and not s.tied_head:
+        plan.append((s.embed, TPStyle(kind=StyleKind.ROWWISE, src="R", out="R")))
+    if sp:
+        plan.append((s.block_path(0), TPStyle(kind=StyleKind.PREPARE_INPUT, src="R", dst="S(1)", local=True)))
+        plan.append((s.final_norm, SP_NORM))
+    if s.head and not s.tied_head:
+        plan.append((s.head, TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="R")))
+    elif s.head and sp:  # a replicated (tied) head takes the whole sequence
+        plan.append((s.head, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", local=True)))
+    return tuple(plan)
+
+
 def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozenset()) -> tuple[tuple[str, TPStyle], ...]:
     """One transformer block: each sublayer's heads or FFN width split over tp, except the sublayers
     in ``replicated`` (and those ``sublayer_linears`` keeps whole), which every tp rank runs whole on
@@ -105,14 +130,15 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         module = getattr(s, sub)
         if sp:
             plan.append((_norm(s, sub), SP_NORM))
+        kwarg = (s.attn_kwarg or None) if sub == "attn" else None
         if linears is None or sub in replicated:
             if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated sublayer, R -> S(1) after
                 plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
-                                             out_src="R", out="S(1)")))
+                                             out_src="R", out="S(1)", kwarg=kwarg)))
             continue  # without sp the stream is a plain replicated tensor already
         cols, row = linears
         if sp:
-            plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R")))
+            plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", kwarg=kwarg)))
         plan += [(name, COL) for name in cols]
         plan.append((row, TPStyle(kind=StyleKind.ROWWISE, out=stream)))
     return tuple(plan)
@@ -125,10 +151,14 @@ def sp_blockers(s: ModelStructure) -> list[str]:
     why += [f"no {what} module was found" for what, path in (("attention", s.attn), ("MLP", s.mlp)) if not path]
     if not s.final_norm:
         why.append("no final norm was found")
-    if s.tied_head:
-        why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
-    if s.pos_embed and not embedding_sum(s):
-        why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
+    if _cut_at_embedding(s):
+        if s.tied_head:
+            why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
+        if s.pos_embed and not embedding_sum(s):
+            why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
+    elif s.attn_kwarg and sublayer_linears(s)["attn"] is None:
+        why.append(f"attention ({s.attn!r}) is kept whole and takes its input by keyword ({s.attn_kwarg!r}): its "
+                   "output's layout (a tuple, in Hugging Face's modules) is not one PrepareModuleOutput is told")
     return why
 
 
@@ -156,9 +186,9 @@ def replicated_sublayers(s: ModelStructure, layer: str, weight_tp: Mapping[str, 
 
 
 # How each style maps onto its torch class: (class name, ((keyword, value), ...)), a value being a
-# layout, a tuple of layouts, or a bool.
+# layout, a tuple of layouts, a dict of keyword argument -> layout, or a bool.
 # Both back ends read this one table: the emitter prints the call, the runtime builds the object.
-Kwargs = tuple[tuple[str, str | tuple[str, ...] | bool], ...]
+Kwargs = tuple[tuple[str, str | tuple[str, ...] | dict[str, str] | bool], ...]
 _CLASS = {
     StyleKind.COLWISE: "ColwiseParallel",
     StyleKind.ROWWISE: "RowwiseParallel",
@@ -169,19 +199,27 @@ _CLASS = {
 }
 
 
+def _input_layouts(style: TPStyle) -> Kwargs:
+    """The input redistribution: of the first positional input, or of the keyword argument ``style.kwarg``
+    (a dict value: ``{"hidden_states": "S(1)"}``)."""
+    if style.kwarg:
+        return (("input_kwarg_layouts", {style.kwarg: style.src}),
+                ("desired_input_kwarg_layouts", {style.kwarg: style.dst}))
+    return (("input_layouts", (style.src,)), ("desired_input_layouts", (style.dst,)))
+
+
 def torch_call(style: TPStyle) -> tuple[str, Kwargs]:
     """The ``torch.distributed.tensor.parallel`` class and keyword arguments for ``style``."""
     kind = style.kind
     if kind in (StyleKind.COLWISE, StyleKind.ROWWISE):
         kwargs = (("input_layouts", style.src), ("output_layouts", style.out))
     elif kind == StyleKind.PREPARE_INPUT:
-        kwargs = (("input_layouts", (style.src,)), ("desired_input_layouts", (style.dst,)))
+        kwargs = _input_layouts(style) + ((("use_local_output", True),) if style.local else ())
     elif kind == StyleKind.PREPARE_OUTPUT:
         kwargs = (("output_layouts", (style.src,)), ("desired_output_layouts", (style.dst,)))
     elif kind == StyleKind.PREPARE_INPUT_OUTPUT:
         # the module between stays replicated with plain-tensor parameters: hand it plain tensors
-        kwargs = (("input_layouts", (style.src,)), ("desired_input_layouts", (style.dst,)),
-                  ("use_local_input", True), ("output_layouts", (style.out_src,)),
+        kwargs = (*_input_layouts(style), ("use_local_input", True), ("output_layouts", (style.out_src,)),
                   ("desired_output_layouts", (style.out,)))
     else:
         kwargs = ()

@@ -24,6 +24,7 @@ from torch.export import ExportedProgram
 
 from ..ir import UnsupportedModelError
 from .inputs import Inputs
+from .calls import recording
 from .leaves import Leaf, LeafRule, patch_leaves, qualname, rule_of
 
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export")
@@ -130,9 +131,16 @@ def _export_once(model: nn.Module, inputs: Inputs) -> ExportedProgram:
     return program
 
 
-def export_meta(model: nn.Module, *, inputs: Inputs, rules: Mapping[str, LeafRule]) -> Exported:
-    """Export a meta copy of ``model`` on ``inputs``, making leaves of failing ruled modules."""
+def export_meta(model: nn.Module, *, inputs: Inputs, rules: Mapping[str, LeafRule], probe: str = "",
+                calls: dict[str, str] | None = None) -> Exported:
+    """Export a meta copy of ``model`` on ``inputs``, making leaves of failing ruled modules. With
+    ``calls``, how each module under ``probe`` (the first block) is called goes there (``calls.recording``)."""
     copied = meta_copy(model)
+    with recording(copied, probe if calls is not None else "", calls if calls is not None else {}):
+        return _export_with_leaves(copied, inputs, rules)
+
+
+def _export_with_leaves(copied: nn.Module, inputs: Inputs, rules: Mapping[str, LeafRule]) -> Exported:
     paths = {id(m): p for p, m in copied.named_modules()}
     modules = dict(copied.named_modules())
     leaf_classes: frozenset[str] = frozenset()

@@ -39,20 +39,23 @@ def _layer_classes(lists: Sequence[tuple[str, Container]]) -> tuple[type, ...]:
 
 
 def _trace_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], inputs: Inputs,
-                 rules: Mapping[str, LeafRule]) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]]:
-    exported = export_meta(model, inputs=inputs, rules=rules)
+                 rules: Mapping[str, LeafRule], calls: dict[str, str] | None = None
+                 ) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]]:
+    paths = layer_paths(lists)
+    exported = export_meta(model, inputs=inputs, rules=rules, probe=paths[0] if paths else "", calls=calls)
     lowered = lower(exported, frozenset(layer_paths(lists)))
     return lowered.nodes, lowered.leaf_costs
 
 
 def _fast_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], inputs: Inputs,
-                rules: Mapping[str, LeafRule]) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]] | None:
+                rules: Mapping[str, LeafRule], calls: dict[str, str] | None = None
+                ) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]] | None:
     """Nodes of the whole model from a two-layer trace, or None when the fast path does not apply."""
     list_path = fast_path_list(lists)
     if list_path is None:
         return None
     short = truncated(model, list_path, keep=2)
-    nodes, costs = _trace_nodes(short, repeated_lists(short), inputs, rules)
+    nodes, costs = _trace_nodes(short, repeated_lists(short), inputs, rules, calls)
     full = replicate(nodes, layer_paths(lists), _layer_classes(lists))
     return None if full is None else (full, costs)
 
@@ -89,13 +92,15 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_input
     rules = {**LEAF_RULES, **(leaf_rules or {})}
     lists = repeated_lists(model)
     inputs = make_inputs(model, batch=batch, seq_len=seq_len, example_inputs=example_inputs, sequence=sequence)
-    traced = _fast_nodes(model, lists, inputs, rules) if fast else None
-    nodes, leaf_costs = traced or _trace_nodes(model, lists, inputs, rules)
+    calls: dict[str, str] = {}  # how the first block calls its modules (frontend/calls.py)
+    traced = _fast_nodes(model, lists, inputs, rules, calls) if fast else None
+    nodes, leaf_costs = traced or _trace_nodes(model, lists, inputs, rules, calls)
     params = graph_params(model)
     _check_params(nodes, params)
     blocks = build_blocks(nodes, params, layer_paths(lists), _layer_classes(lists))
     graph = Graph(nodes=nodes, params=params, blocks=blocks, dims=_placeholder_dims(), dtype=_graph_dtype(params))
     structure = find_structure(model, graph)
+    structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, "") if structure.attn else "")
     dims = _dims(model, nodes, params, blocks, leaf_costs, structure)
     return dataclasses.replace(graph, dims=dims, structure=structure)
 

@@ -15,6 +15,8 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
     mlp           the MLP (or MoE) module of a block; ``mlp_norm`` the norm before it
     mlp_in        its column-parallel linears (gate and up, or fc1); ``mlp_out`` the row-parallel one
     experts       the routed experts (a MoE), ``router`` the gate that scores them
+    attn_kwarg    the keyword a block passes attention its input by ("" positional; Hugging Face:
+                  "hidden_states"), which sequence parallelism gathers
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
     head_dim      the attention head width (not always hidden / heads)
     notes         what the frontend could not use, and why (the report shows them)
@@ -54,6 +56,7 @@ class ModelStructure:
     experts: str = ""
     router: str = ""
     linear_kind: str = "linear"
+    attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     head_dim: int = 0
     notes: tuple[str, ...] = ()
 

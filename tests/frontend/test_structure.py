@@ -37,7 +37,7 @@ HF = {
 DECODER = dict(blocks="model.layers", num_blocks=3, embed="model.embed_tokens", final_norm="model.norm", head="lm_head",
                attn="self_attn", attn_norm="input_layernorm", q="self_attn.q_proj", k="self_attn.k_proj",
                v="self_attn.v_proj", o="self_attn.o_proj", mlp="mlp", mlp_norm="post_attention_layernorm",
-               linear_kind="linear", head_dim=16)
+               linear_kind="linear", head_dim=16, attn_kwarg="hidden_states")
 DENSE = dict(DECODER, mlp_in=("mlp.gate_proj", "mlp.up_proj"), mlp_out="mlp.down_proj")
 EXPECTED = {
     "llama": DENSE,

@@ -45,10 +45,18 @@ def plans() -> dict[str, mp.Plan]:
         "hf llama dp2 x tp2 (solver's layouts)": llama_tp,
         # every sublayer split the Megatron way, whatever the intra-op program chose at this tiny size
         "hf llama dp2 x tp2 megatron split": dataclasses.replace(llama_tp, param_layouts={}),
+        # sequence parallelism on HF's modules: the stream cut at the first block, attention's input
+        # (passed by keyword, hidden_states=) gathered, every sublayer split
+        "hf llama dp2 x tp2 sp": dataclasses.replace(
+            _plan(HF_LLAMA, dp=2, tp=2, zero=3, sp=True, micro_batch=4, num_microbatches=1), param_layouts={}),
         "hf llama zero3 dp4 full recompute": _plan(HF_LLAMA, dp=4, tp=1, zero=3, micro_batch=2,
                                                    num_microbatches=1, recompute="full"),
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
+        "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
+                                                   seq_len=SEQ_LEN, model_kwargs=NANOGPT,
+                                                   fixed={**PINS, "dp": 2, "tp": 2, "zero": 2, "sp": True,
+                                                          "micro_batch": 4, "num_microbatches": 1}),
         "nanogpt dp2 x tp2": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                 seq_len=SEQ_LEN, model_kwargs=NANOGPT,
                                                 fixed={**PINS, "dp": 2, "tp": 2, "zero": 0, "micro_batch": 4,
@@ -72,7 +80,7 @@ def test_sources_are_recorded(plans) -> None:
 
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
                                   "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
-                                  "hf mixtral ep2 x dp4 zero3", "nanogpt dp2 x tp2"])
+                                  "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -94,6 +102,12 @@ def test_megatron_split_shards_the_users_attention(ranks) -> None:
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
     steps = ranks[0]["hf mixtral ep2 x dp4 zero3"]["steps"]
     assert "ExpertParallel" in steps and "model.layers.1.mlp.experts" in steps
+
+
+def test_sequence_parallel_gathers_hf_attention_by_keyword(ranks) -> None:
+    steps = ranks[0]["hf llama dp2 x tp2 sp"]["steps"]
+    assert "model.layers.0: prepare_input(R -> S(1))" in steps and "input_layernorm: sequence_parallel" in steps
+    assert "self_attn: prepare_input(S(1) -> R)" in steps and "model.norm: sequence_parallel" in steps
 
 
 def test_builder_named_by_the_plan_was_called(ranks) -> None:

@@ -1,0 +1,43 @@
+"""How a block hands the residual stream to each of its modules: as the first positional argument (the
+zoo, torchtitan, nanoGPT: ``self.attn(self.ln_1(x))``) or by keyword (Hugging Face:
+``self.self_attn(hidden_states=..., position_embeddings=...)``). Sequence parallelism gathers that one
+input before attention (``PrepareModuleInput``), so it must know which it is.
+
+Recorded while export traces the model: a forward pre-hook on every module of the first block notes
+how the module was called (``recording``); the hooks change nothing and are removed after the trace.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from functools import partial
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def recording(model: nn.Module, under: str, seen: dict[str, str]) -> Iterator[None]:
+    """While inside, each module at or below ``under`` records into ``seen`` (its path relative to
+    ``under``) the keyword its first call passed a (b, s, h) tensor by, or "" when positional."""
+    handles = []
+    if under:
+        for path, module in model.named_modules():
+            if path == under or path.startswith(under + "."):
+                rel = path[len(under) + 1:]
+                handles.append(module.register_forward_pre_hook(partial(_record, seen, rel), with_kwargs=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _record(seen: dict[str, str], rel: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    if rel in seen:
+        return
+    if args and isinstance(args[0], torch.Tensor):
+        seen[rel] = ""
+        return
+    hidden = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.dim() == 3]
+    seen[rel] = hidden[0] if len(hidden) == 1 else ""
