@@ -92,6 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .api import load
 
     plan = load(args.plan)
+    if plan.source.get("kind") == "module":  # before torchrun: every worker would fail to build it
+        raise ir.InvalidPlanError(f"{args.plan}: the plan's model source is 'module' (a model only its caller held), "
+                                  "so meshplan run cannot build it; plan from a zoo name, hf:PATH or "
+                                  "pkg.module:function, or use plan.apply(model) in your own loop")
     if plan.world_size != args.nproc:
         raise ir.InvalidPlanError(f"the plan's mesh needs {plan.world_size} processes "
                                   f"({plan.mesh}) but --nproc is {args.nproc}")
