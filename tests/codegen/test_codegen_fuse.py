@@ -23,7 +23,7 @@ from test_kernels import interpret  # noqa: F401  the Triton interpreter, as a f
 def _plan(model: str = "llama-tiny", *, dp: int = 2, tp: int = 1, fusions=("add_rmsnorm", "swiglu"), **kw) -> api.Plan:
     cfg = zoo.config(model).to_dict()
     return api.Plan(model=cfg, cluster=f"cpu:1x{dp * tp}", global_batch=8, seq_len=16, mesh=ir.Mesh(dp=dp, tp=tp),
-                    micro_batch_size=8 // dp, num_microbatches=1, fusions=fusions, **kw)
+                    micro_batch_size=8 // dp, num_microbatches=1, fusions=fusions, **{"dtype": "float32", **kw})
 
 
 def test_lower_fuse_adds_one_step_per_block_and_kernel_first() -> None:

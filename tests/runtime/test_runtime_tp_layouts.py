@@ -137,5 +137,5 @@ def test_a_half_replicated_sublayer_is_refused_with_its_placements() -> None:
     tp = ir.AXES.index("tp")
     layouts["layers.2.mlp.w3.weight"] = tuple("S(0)" if i == tp else p for i, p in
                                               enumerate(layouts["layers.2.mlp.w3.weight"]))
-    with pytest.raises(ir.InvalidPlanError, match=r"layers\.2\.mlp has tp placements w1 R, w3 S\(0\), w2 R"):
+    with pytest.raises(ir.InvalidPlanError, match=r"layers\.2\.mlp has tp placements mlp\.w1 R, mlp\.w3 S\(0\), mlp\.w2 R"):
         lower(dataclasses.replace(plan, param_layouts=layouts))

@@ -142,8 +142,8 @@ def test_emitted_script_builds_the_users_model(plans, name, tmp_path) -> None:
     script = plan.emit(tmp_path / "train-user.py")
     text = script.read_text()
     assert "meshplan.zoo" not in text
-    assert ("transformers.LlamaForCausalLM._from_config" in text if plan.source["kind"] == "hf"
-            else "from user_models import nanogpt as build_user_model" in text)
+    assert ('build_on_meta({"kind": "hf", "class": "LlamaForCausalLM", "config": HF_CONFIG}' in text
+            if plan.source["kind"] == "hf" else "from user_models import nanogpt as build_user_model" in text)
     losses = _torchrun_losses(script, steps=3)
     ref, _ = user_model_cases.reference(plan.source, plan.model["vocab"],
                                         lambda params: torch.optim.AdamW(params, lr=1e-3))
