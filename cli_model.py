@@ -33,20 +33,20 @@ def model_arg(args: argparse.Namespace) -> Any:
     """What ``api.plans`` takes for the command's model: a zoo name, a zoo config dict, a builder string,
     or (for hf:PATH) the Hugging Face model built on the meta device."""
     _kwargs(args)  # a malformed --model-kwargs is refused whatever it goes with
-    kwargs = getattr(args, "model_kwargs", None) is not None
+    has_kwargs = getattr(args, "model_kwargs", None) is not None
     if args.model is None:
         from .ir.readfile import MAX_CONFIG_BYTES, read_json_file  # a regular file, bounded size, depth and numbers
 
-        if kwargs:
+        if has_kwargs:
             raise ir.PlanError("--model-kwargs goes with --model pkg.module:function, not --model-config")
         return read_json_file(args.model_config, max_bytes=MAX_CONFIG_BYTES, what="model config")
     if args.model.startswith("hf:"):
-        if kwargs:
+        if has_kwargs:
             raise ir.PlanError("--model-kwargs goes with --model pkg.module:function, not hf:PATH (edit the config)")
         return hf_model(args.model[3:])
     if ":" in args.model:
         return args.model  # a builder: api.model_and_source checks its form and imports it
-    if kwargs:
+    if has_kwargs:
         raise ir.PlanError(f"--model-kwargs goes with --model pkg.module:function, not the zoo name {args.model!r}; "
                            "use --model-config for other sizes")
     return args.model  # '' too: the zoo says it has no such model

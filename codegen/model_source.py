@@ -83,11 +83,9 @@ def constants(program: Program) -> list[str]:
 
 
 def build_lines(program: Program) -> list[str]:
-    """The lines in ``main`` that build the model on ``device`` (after the seed is set)."""
-    k = kind(program)
-    if k == "zoo":
-        return ["model = meshplan.zoo.build_from_config(MODEL_CONFIG).to(device)"]
-    if k == "hf":  # parameters on meta; the values of a seeded whole build are filled in after parallelize
+    """The lines in ``main`` that build a Hugging Face or builder model on ``device`` (after the seed is
+    set); a zoo model is built by the script template's ``MAIN_MODEL`` (``assemble._model_block``)."""
+    if kind(program) == "hf":  # parameters on meta; the values of a seeded whole build are filled in after parallelize
         cls = safe.name(program.source.get("class") or "AutoModelForCausalLM", "plan.source.class")
         return [f'model = build_on_meta({{"kind": "hf", "class": {safe.string_literal(cls)}, "config": HF_CONFIG}}, '
                 "args.seed)"]
@@ -95,11 +93,9 @@ def build_lines(program: Program) -> list[str]:
 
 
 def loss_line(program: Program) -> str:
-    """The micro-batch's loss, from the model's output on ``x``."""
-    k = kind(program)
-    if k == "zoo":
-        return "loss = meshplan.zoo.loss_fn(model(x.to(device)), y.to(device)) / NUM_MICROBATCHES"
-    if k == "hf":
+    """The micro-batch's loss from the output of a Hugging Face or builder model on ``x`` (a zoo model's
+    is the template's ``FORWARD_BACKWARD``)."""
+    if kind(program) == "hf":
         return ("loss = token_cross_entropy(model(x.to(device), use_cache=False).logits, y.to(device)) "
                 "/ NUM_MICROBATCHES")
     return "loss = token_cross_entropy(logits_of(model(x.to(device))), y.to(device)) / NUM_MICROBATCHES"
