@@ -25,8 +25,9 @@ from ..ir import InvalidPlanError, ModelStructure, Plan
 from . import safe
 from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FullyShard, Step
 
-# the stacked experts of a MoE block are at ``structure.experts`` in each block: the zoo's ``mlp.experts``
-# (w1, w3: (E, h, f); w2: (E, f, h)), Hugging Face Mixtral's ``mlp.experts`` (gate_up_proj, down_proj)
+# the stacked experts of a MoE block are at ``structure.experts`` in each block but ``structure.dense_blocks``
+# (DeepSeek-V3's leading dense layers): the zoo's ``mlp.experts`` (w1, w3: (E, h, f); w2: (E, f, h)), Hugging
+# Face Mixtral's and DeepSeek-V3's ``mlp.experts`` (gate_up_proj, down_proj)
 
 
 def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
@@ -64,7 +65,7 @@ def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], s: Model
     steps: list[Step] = [ExpertMesh(dims=tuple(dims))]
     num_experts = int(plan.model["experts"])
     steps += [ExpertParallel(module=f"{s.block_path(i)}.{s.experts}", num_experts=num_experts, ep_size=ep)
-              for i in range(s.num_blocks)]
+              for i in s.expert_blocks()]
     return steps
 
 
@@ -73,7 +74,7 @@ def expert_data_parallel(plan: Plan, s: ModelStructure) -> list[Step]:
     zero = plan.zero_stage
     axes = ("edp", "dp_shard") if zero == 0 else ("edp",)
     return [FullyShard(module=f"{s.block_path(i)}.{s.experts}", mesh_axes=axes, reshard_after_forward=zero == 3)
-            for i in range(s.num_blocks)]
+            for i in s.expert_blocks()]
 
 
 def on_expert_mesh(axes: tuple[str, ...]) -> bool:

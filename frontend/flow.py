@@ -14,6 +14,8 @@ from torch import nn
 
 from ..ir import Graph, Node, OpKind
 
+CASTS = frozenset({"aten.to.dtype", "aten._to_copy.default", "aten.to.dtype_layout"})  # dtype casts, no math
+
 
 def owner(param: str) -> str:
     """The module path that owns a parameter (``a.b.weight`` -> ``a.b``)."""
@@ -75,14 +77,15 @@ class Flow:
         return next((p for p in node.params if len(self.shapes.get(p, ())) >= 2), None)
 
     def weight(self, node: Node) -> str | None:
-        """The parameter of 2 or more dims a matmul reads, directly or through views (``w.t()``, ``w[e]``)."""
+        """The parameter of 2 or more dims a matmul reads, directly or through views (``w.t()``, ``w[e]``)
+        and dtype casts (DeepSeek-V3's router runs ``F.linear(x.float(), self.weight.float())``)."""
         direct = self._heavy(node)
         if direct is not None or node.op != OpKind.MATMUL:
             return direct
         for start in node.inputs[:3]:
             producer = self.by_name.get(start)
             for _ in range(3):
-                if producer is None or producer.op != OpKind.VIEW:
+                if producer is None or not (producer.op == OpKind.VIEW or producer.target in CASTS):
                     break
                 found = self._heavy(producer)
                 if found is not None:

@@ -59,14 +59,40 @@ def find_structure(model: nn.Module, graph: Graph) -> ModelStructure:
     container, blocks, notes = _container(graph.blocks)
     roles: dict = {}
     if blocks:
-        roles, block_notes = block_roles(flow, blocks[0], container)
+        roles, block_notes = _kind_roles(flow, blocks, container)
         notes += block_notes
-        kinds = {b.kind for b in blocks}
-        if len(kinds) > 1:
-            notes.append(f"{container}: blocks of {len(kinds)} kinds ({', '.join(sorted(kinds))}); roles are those "
-                         f"of {blocks[0].name}, and plans treat the other kinds by their graph only")
     outer = _outer_roles(flow, graph, blocks)
     return ModelStructure(blocks=container, num_blocks=len(blocks), **outer, **roles, notes=tuple(notes))
+
+
+def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[dict, list[str]]:
+    """The roles of the first block of each kind, as one set: when some kinds have experts and others a
+    plain MLP (DeepSeek-V3's leading dense layers), the experts' roles, with the other blocks listed in
+    ``dense_blocks``; other differences are noted, and the first block's roles stand."""
+    firsts: dict[str, Block] = {}
+    for b in blocks:
+        firsts.setdefault(b.kind, b)
+    found = {kind: block_roles(flow, b, container) for kind, b in firsts.items()}
+    moe = [kind for kind in firsts if found[kind][0].get("experts")]
+    first = blocks[0].kind
+    kind = next((k for k in moe if k == first), moe[0] if moe else first)
+    roles, notes = found[kind]
+    roles, notes = dict(roles), list(notes)
+    dense = tuple(i for i, b in enumerate(blocks) if b.kind not in moe) if moe else ()
+    if dense:
+        roles["dense_blocks"] = dense
+        notes.append(f"{container}: blocks {list(dense)} have a plain MLP where the other {len(blocks) - len(dense)} "
+                     f"have experts ({roles['experts']}); expert parallelism splits only those, and tensor "
+                     "parallelism keeps the plain MLPs whole")
+    attention = ("attn", "q", "k", "v", "qkv", "o", "head_dim")
+    differ = [k for k in firsts if any(found[k][0].get(r) != roles.get(r) for r in attention)]
+    if differ:
+        notes.append(f"{container}: the attention of blocks of kind {differ} differs from {firsts[kind].name}'s; "
+                     f"roles are those of {firsts[kind].name}, check the plan's layouts for the others")
+    if len(firsts) > 1 and not dense and not differ:
+        notes.append(f"{container}: blocks of {len(firsts)} kinds ({', '.join(sorted(firsts))}); roles are those "
+                     f"of {firsts[kind].name}, and plans treat the other kinds by their graph only")
+    return roles, notes
 
 
 def _outer_roles(flow: Flow, graph: Graph, blocks: Sequence[Block]) -> dict:

@@ -6,6 +6,7 @@ The rules are those of ``structure``'s docstring; paths come back relative to th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..ir import Block, Node, OpKind
 from .blocks import rebase
@@ -41,13 +42,13 @@ def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[st
     b = _Block(flow, block, container)
     roles: dict = {}
     notes: list[str] = []
-    attn = next((n for n in b.nodes if n.op == OpKind.ATTENTION), None)
+    core = _core(b)
     taken: set[str] = set()
-    if attn is None:
-        notes.append(f"{b.star}: no attention op (scaled_dot_product_attention) in the block; tensor parallelism "
-                     "of attention is not offered")
+    if core is None:
+        notes.append(f"{b.star}: no attention (scaled_dot_product_attention, or softmax(q @ k^T) @ v) in the "
+                     "block; tensor parallelism of attention is not offered")
     else:
-        taken = _attention(b, attn, roles, notes) | b.upstream(attn)
+        taken = _attention(b, core, roles, notes) | b.upstream(core.out)
     rest = [n for n in b.nodes if flow.is_projection(n) and n.name not in taken]
     leaves = [n for n in b.nodes if n.leaf and n.params]
     grouped = [n for n in rest if len(flow.shapes[flow.weight(n)]) >= 3]
@@ -67,14 +68,47 @@ def _projection_path(b: _Block, node: Node) -> str:
     return b.rel(b.flow.module_of(node))
 
 
-def _attention(b: _Block, attn: Node, roles: dict, notes: list[str]) -> set[str]:
+@dataclass(frozen=True, slots=True)
+class _Core:
+    """Attention's core: the nodes that hold q, k and v (b, heads, s, d), and the node of its output."""
+
+    q: Node
+    k: Node
+    v: Node
+    out: Node
+    q_shape: tuple
+
+
+def _core(b: _Block) -> _Core | None:
+    """The attention op, or else eager attention written out (GPT-OSS, whose per-head sinks join the
+    softmax): a matmul of two activations (q @ k^T) reaching a softmax, which reaches another (p @ v)."""
+    flow = b.flow
+    attn = next((n for n in b.nodes if n.op == OpKind.ATTENTION), None)
+    if attn is not None and len(attn.inputs) >= 3:
+        q, k, v = (flow.by_name.get(i) for i in attn.inputs[:3])
+        if q is not None and k is not None and v is not None and attn.input_metas:
+            return _Core(q=q, k=k, v=v, out=attn, q_shape=tuple(attn.input_metas[0].shape))
+    products = [n for n in b.nodes if n.op == OpKind.MATMUL and flow.weight(n) is None and len(n.inputs) >= 2]
+    for scores in products:
+        below = b.downstream(scores)
+        softmax = next((n for n in b.nodes if n.name in below and n.op == OpKind.SOFTMAX), None)
+        values = next((n for n in products if softmax is not None and n.name in b.downstream(softmax)), None)
+        if values is not None and scores.input_metas:
+            q, k, v = (flow.by_name.get(i) for i in (*scores.inputs[:2], values.inputs[1]))
+            if q is not None and k is not None and v is not None:
+                return _Core(q=q, k=k, v=v, out=values, q_shape=tuple(scores.input_metas[0].shape))
+    return None
+
+
+def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str]:
     """q/k/v (or qkv), o, attn, attn_norm and head_dim; returns the projections it took."""
     flow = b.flow
-    qkv = [flow.projection(attn.inputs[i], b.within, up=True) if len(attn.inputs) > i else None for i in range(3)]
+    attn = core.out
+    qkv = [flow.projection(n.name, b.within, up=True) for n in (core.q, core.k, core.v)]
     o = flow.projection(attn.name, b.within, up=False)
     found = [n for n in (*qkv, o) if n is not None]
     paths = {n.name: _projection_path(b, n) for n in found}
-    last = attn.input_metas[0].shape[-1] if attn.input_metas else 0
+    last = core.q_shape[-1] if core.q_shape else 0
     roles["head_dim"] = int(last) if getattr(last, "is_Integer", False) else 0
     if any(n is None for n in qkv):
         notes.append(f"{b.where(b.rel(attn.module_path))}: no projection found upstream of attention's q, k or v; "
@@ -84,17 +118,34 @@ def _attention(b: _Block, attn: Node, roles: dict, notes: list[str]) -> set[str]
         notes.append(f"{b.where(roles['qkv'])}: fused q/k/v projection; tensor parallelism keeps attention replicated")
     elif len({n.name for n in qkv}) == 3:
         roles["q"], roles["k"], roles["v"] = (paths[n.name] for n in qkv)
+    elif qkv[1] is qkv[2]:
+        notes.append(f"{b.where(b.rel(attn.module_path))}: k and v come from one projection "
+                     f"({paths[qkv[1].name]!r}) and q from another ({paths[qkv[0].name]!r}), as multi-head latent "
+                     "attention makes them (DeepSeek-V2/V3: k and v up-projected from one compressed latent, "
+                     "k's rotary part shared by all heads); tensor parallelism keeps attention replicated")
     else:
-        notes.append(f"{b.where(b.rel(attn.module_path))}: q, k and v come from {sorted(set(paths.values()))}, "
-                     "neither one projection each nor one for all; tensor parallelism keeps attention replicated")
+        notes.append(f"{b.where(b.rel(attn.module_path))}: q, k and v come from "
+                     f"{sorted({paths[n.name] for n in qkv})}, neither one projection each nor one for all; "
+                     "tensor parallelism keeps attention replicated")
     if o is not None:
         roles["o"] = paths[o.name]
     else:
         notes.append(f"{b.where(b.rel(attn.module_path))}: no projection after attention; tensor parallelism keeps "
                      "attention replicated")
     roles["attn"] = common_module([*paths.values(), b.rel(attn.module_path)])
-    first = next((n for n in qkv if n is not None), None)
-    roles["attn_norm"] = b.rel(flow.norm_before(first, b.within)) if first is not None else ""
+    module = flow.modules.get(f"{b.block.name}.{roles['attn']}" if roles["attn"] else b.block.name)
+    own = [name for name, _ in module.named_parameters(recurse=False)] if module is not None else []
+    if own and "q" in roles:  # e.g. GPT-OSS's sinks (heads,): split with the heads, or the shapes disagree
+        for role in ("q", "k", "v"):
+            roles.pop(role)
+        notes.append(f"{b.where(roles['attn'])}: attention holds parameters of its own {own} (per-head sinks?) "
+                     "that splitting q/k/v by heads would have to split too; tensor parallelism keeps attention "
+                     "replicated")
+    # the norm before the earliest projection feeding attention: MLA's q_b_proj reads its own q_a_layernorm,
+    # the block's input norm is before q_a_proj
+    above = b.upstream(attn)
+    feeding = [n for n in b.nodes if n.name in above and flow.is_projection(n)]
+    roles["attn_norm"] = b.rel(flow.norm_before(feeding[0], b.within)) if feeding else ""
     roles["_projections"] = tuple(paths)
     return set(paths)
 
@@ -147,10 +198,12 @@ def _experts(b: _Block, leaves: Sequence[Node], grouped: Sequence[Node], others:
     roles["mlp"] = common_module([p for p in (roles["experts"], roles["router"]) if p])
     entry = router if router is not None else sinks[0]
     roles["mlp_norm"] = b.rel(flow.norm_before(entry, b.within))
-    shared = [_projection_path(b, n) for n in others if n is not router]
+    # a shared expert reads the MoE's input beside the routed experts: not upstream of them (as attention is)
+    shared = [_projection_path(b, n) for n in others if n is not router and n.name not in feeding]
     if shared:
-        notes.append(f"{b.where(roles['mlp'])}: projections {shared} besides the experts (a shared expert?) stay "
-                     "replicated under tensor parallelism")
+        roles["shared_experts"] = common_module(shared)
+        notes.append(f"{b.where(roles['shared_experts'])}: projections {shared} beside the routed experts (a "
+                     "shared expert) are data-parallel, and stay whole under tensor parallelism")
 
 
 def _width(node: Node) -> int:

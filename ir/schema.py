@@ -216,7 +216,8 @@ def _structure_model() -> type[BaseModel]:
     """``structure`` as ``ir.structure.ModelStructure`` holds it: its fields, each a module path (or a list
     of them), a count or a flag; ``linear_kind`` from its closed set, ``notes`` free text."""
     types = {"str": ModulePath, "int": Count, "bool": bool, "tuple[str, ...]": Annotated[
-        list[ModulePath], Field(max_length=MAX_ENTRIES)]}
+        list[ModulePath], Field(max_length=MAX_ENTRIES)], "tuple[int, ...]": Annotated[
+        list[Count], Field(max_length=MAX_ENTRIES)]}
     special = {"linear_kind": Literal[LINEAR_KINDS], "notes": Annotated[list[Text], Field(max_length=MAX_ENTRIES)]}
     spec = {f.name: (special.get(f.name) or types[f.type], [] if f.default == () else f.default)
             for f in fields(ModelStructure)}

@@ -15,6 +15,10 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
     mlp           the MLP (or MoE) module of a block; ``mlp_norm`` the norm before it
     mlp_in        its column-parallel linears (gate and up, or fc1); ``mlp_out`` the row-parallel one
     experts       the routed experts (a MoE), ``router`` the gate that scores them
+    shared_experts  the MLP every token passes beside the routed experts (DeepSeek-V2/V3's shared expert):
+                  data-parallel, kept whole under tensor parallelism
+    dense_blocks  indices of the blocks with a plain MLP where the others have ``experts`` (DeepSeek-V3's
+                  ``first_k_dense_replace`` leading dense layers); expert parallelism skips them
     attn_kwarg    the keyword a block passes attention its input by ("" positional; Hugging Face:
                   "hidden_states"), which sequence parallelism gathers
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
@@ -55,6 +59,8 @@ class ModelStructure:
     mlp_out: str = ""
     experts: str = ""
     router: str = ""
+    shared_experts: str = ""
+    dense_blocks: tuple[int, ...] = ()
     linear_kind: str = "linear"
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     head_dim: int = 0
@@ -62,10 +68,11 @@ class ModelStructure:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mlp_in", tuple(self.mlp_in))
+        object.__setattr__(self, "dense_blocks", tuple(self.dense_blocks))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("notes", "linear_kind"):
+            if f.name in ("notes", "linear_kind", "dense_blocks"):
                 continue
             paths = value if isinstance(value, tuple) else (value,) if isinstance(value, str) else ()
             for path in paths:
@@ -78,6 +85,12 @@ class ModelStructure:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidPlanError(f"structure.{name}: expected a non-negative integer, got {value!r}")
+        bad = [i for i in self.dense_blocks if not isinstance(i, int) or isinstance(i, bool)
+               or not 0 <= i < self.num_blocks]
+        if bad or (self.dense_blocks and not self.experts):
+            raise InvalidPlanError(f"structure.dense_blocks: {list(self.dense_blocks)} must be block indices below "
+                                   f"num_blocks({self.num_blocks}) of a model with experts (experts is "
+                                   f"{self.experts!r}); bad entries: {bad}")
         if self.num_blocks and not self.blocks:
             raise InvalidPlanError(f"structure: num_blocks is {self.num_blocks} but blocks (the container) is empty")
 
@@ -91,12 +104,19 @@ class ModelStructure:
         """The MLP has column-parallel inputs and one row-parallel output (no experts)."""
         return bool(self.mlp_in and self.mlp_out and not self.experts)
 
+    def expert_blocks(self) -> tuple[int, ...]:
+        """Indices of the blocks that hold ``experts`` (every block but ``dense_blocks``)."""
+        if not self.experts:
+            return ()
+        return tuple(i for i in range(self.num_blocks) if i not in self.dense_blocks)
+
     def block_path(self, index: int | str) -> str:
         return f"{self.blocks}.{index}" if self.blocks else str(index)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["mlp_in"] = list(self.mlp_in)
+        data["dense_blocks"] = list(self.dense_blocks)
         data["notes"] = list(self.notes)
         return {k: v for k, v in data.items() if v not in ("", (), [], 0, False) or k == "linear_kind"}
 
@@ -109,7 +129,7 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes"):
+        for key in ("mlp_in", "notes", "dense_blocks"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")
