@@ -279,7 +279,7 @@ def config_case(rng: random.Random) -> dict:
         if rng.random() < 0.4:
             data = copy.deepcopy(seed)
             key = rng.choice(("layers", "hidden", "heads", "vocab", "kv_heads", "top_k", "experts", "max_seq_len"))
-            data[key] = rng.choice((0, -5, True, "x", 10**6, 2**40, 3, 65, 1.0, 10**5))
+            data[key] = rng.choice((0, -5, True, "x", 10**6, 2**40, 3, 65, 1.0, 10**5, 1024, 1025))  # 1024: the layer bound
             raw, what = _dumps(data), f"{key} = {data[key]!r}"
         else:
             data, raw, what = mutate_json(seed, rng)

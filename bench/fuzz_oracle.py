@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MAX_GPUS, MAX_LAYERS, MAX_BATCH, MAX_SEQ = 10**7, 10**5, 2**40, 2**24
+MAX_GPUS, MAX_LAYERS, MAX_BATCH, MAX_SEQ = 10**7, 1024, 2**40, 2**24  # as ir/limits.py documents
 AXES = ("pp", "dp", "cp", "tp", "ep")
 PLAN_FIELDS = {"schema", "model", "cluster", "global_batch", "seq_len", "mesh", "zero_stage", "zero_group",
                "sequence_parallel", "micro_batch_size", "num_microbatches", "schedule", "vp", "recompute", "stages",

@@ -20,12 +20,12 @@ sum: it is the next residual). Overlapping matches go to the pattern listed firs
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy
 
-from ..ir import BATCH, SEQ, Graph, Node, OpKind, TensorMeta
+from ..ir import BATCH, SEQ, Graph, Node, OpKind, Param, TensorMeta
 from .kernels.patterns import COMMUTATIVE, PATTERNS, Broadcast, Kind, Pattern, Step
 
 
@@ -71,25 +71,25 @@ def op_name(node: Node) -> str:
     return name.rstrip("_")
 
 
-def _param_meta(graph: Graph, name: str) -> TensorMeta:
-    p = next(q for q in graph.params if q.name == name)
+def _param_meta(params: Mapping[str, Param], name: str) -> TensorMeta:
+    p = params[name]
     return TensorMeta(shape=p.shape, dtype=p.dtype)
 
 
-def _bind_epilogue(graph: Graph, node: Node, step: Step) -> dict[str, _Source] | None:
+def _bind_epilogue(params: Mapping[str, Param], node: Node, step: Step) -> dict[str, _Source] | None:
     """A matmul with a bias: its output (before the bias) and the bias parameter."""
     biases = [p for p in node.params if p.endswith("bias")]
     if node.op is not OpKind.MATMUL or len(biases) != 1 or not node.outputs:
         return None
-    return {step.args[0]: _Source(node.name, node.outputs[0]), step.params[0]: _Source(biases[0], _param_meta(graph, biases[0]))}
+    return {step.args[0]: _Source(node.name, node.outputs[0]), step.params[0]: _Source(biases[0], _param_meta(params, biases[0]))}
 
 
-def _bind(graph: Graph, node: Node, step: Step, link: str | None) -> dict[str, _Source] | None:
+def _bind(params: Mapping[str, Param], node: Node, step: Step, link: str | None) -> dict[str, _Source] | None:
     """The step's names -> what feeds them at this node, or None when the node does not fit the step."""
     if op_name(node) not in step.ops:
         return None
     if step.epilogue:
-        return _bind_epilogue(graph, node, step)
+        return _bind_epilogue(params, node, step)
     inputs = list(zip(node.inputs, node.input_metas))
     if link is not None:
         at = [i for i, (name, _) in enumerate(inputs) if name == link]
@@ -99,7 +99,7 @@ def _bind(graph: Graph, node: Node, step: Step, link: str | None) -> dict[str, _
     if len(inputs) != len(step.args) or len(node.params) != len(step.params):
         return None
     bound = {a: _Source(name, meta) for a, (name, meta) in zip(step.args, inputs)}
-    bound.update({n: _Source(p, _param_meta(graph, p)) for n, p in zip(step.params, node.params)})
+    bound.update({n: _Source(p, _param_meta(params, p)) for n, p in zip(step.params, node.params)})
     return bound
 
 
@@ -109,7 +109,7 @@ class _Match:
     bound: dict[str, _Source]
 
 
-def _walk(graph: Graph, readers: dict[str, list[Node]], start: Node, p: Pattern) -> _Match | None:
+def _walk(params: Mapping[str, Param], readers: dict[str, list[Node]], start: Node, p: Pattern) -> _Match | None:
     """Follow the pattern's steps from ``start``, each step a reader of the previous member."""
     members: list[Node] = []
     bound: dict[str, _Source] = {}
@@ -118,7 +118,7 @@ def _walk(graph: Graph, readers: dict[str, list[Node]], start: Node, p: Pattern)
         if i > 0:
             prev = members[-1].name
             node = next((r for r in readers[prev] if op_name(r) in step.ops), None)
-        got = None if node is None else _bind(graph, node, step, members[-1].name if i else None)
+        got = None if node is None else _bind(params, node, step, members[-1].name if i else None)
         if got is None or any(bound.get(k, v) != v for k, v in got.items()):
             return None
         members.append(node)
@@ -196,11 +196,12 @@ def find_fusions(graph: Graph, patterns: Sequence[Pattern] = PATTERNS) -> tuple[
             readers[name].append(node)
     block_of = {n: b.name for b in graph.blocks for n in b.nodes}
     position = {n.name: i for i, n in enumerate(graph.nodes)}
+    params = {q.name: q for q in graph.params}  # by name: a scan per lookup made a deep model quadratic
     taken: set[str] = set()
     found: list[Fusion] = []
     for p in patterns:
         for start in graph.nodes:
-            m = _walk(graph, readers, start, p)
+            m = _walk(params, readers, start, p)
             if m is None or taken & {n.name for n in m.members}:
                 continue
             if not (_shapes_fit(p, m) and _inputs_outside(p, m) and _intermediates_private(p, m, readers)):

@@ -5,10 +5,14 @@ here before any search starts, so a typo such as ``h100-sxm:99999999999999999999
 ``--global-batch 2^63`` is refused at once with the limit named instead of spinning. The CLI, the API
 (``api.plans``), the cluster parser (``cost_model/hardware.py``) and the solver import the same numbers.
 
-The limits sit far above any real run (a few orders of magnitude), so they only ever catch mistakes:
+The limits sit above any real run (most by a few orders of magnitude), so they only ever catch mistakes:
 
 * ``MAX_GPUS = 10**7``: the largest clusters built so far join about 10^5 accelerators.
-* ``MAX_LAYERS = 10**5``: the deepest trained transformers have a few hundred layers.
+* ``MAX_LAYERS = 1024``: the deepest trained transformer, DeepNet (Wang et al. 2022, "Scaling Transformers
+  to 1,000 Layers"), has 1,000; production models have at most a few hundred (Llama 3 405B: 126).
+  This one is not orders of magnitude above: the frontend builds the model on meta, one module per
+  layer, and lowers, groups and fuses every layer's nodes, which costs about 10 ms per layer, so 10^5
+  layers took minutes where 1024 take seconds. A plan's stages and recompute lists obey the same bound.
 * ``MAX_GLOBAL_BATCH = 2**40``: sequences per optimizer step; real runs use at most a few 10^4.
 * ``MAX_SEQ_LEN = 2**24``: 16 M tokens per sequence; long-context runs reach about 10^6.
 * ``MAX_TIME_LIMIT_S = 86400``: a solver time limit of at most one day.
@@ -23,10 +27,13 @@ import numbers
 from .errors import PlanError
 
 MAX_GPUS = 10**7
-MAX_LAYERS = 10**5
+MAX_LAYERS = 1024
 MAX_GLOBAL_BATCH = 2**40
 MAX_SEQ_LEN = 2**24
 MAX_TIME_LIMIT_S = 86400.0
+
+# why a bound sits where it does, for the messages of the bounds that are not far above every real size
+REASONS = {"layers": "the deepest transformer trained so far, DeepNet (2022), has 1,000 layers"}
 
 # pinned choices: a degree never exceeds the GPUs, a micro-batch never exceeds the global batch, and
 # the virtual stages per pipeline rank never exceed the layers
@@ -46,11 +53,12 @@ def _limit_text(limit: int | float) -> str:
 
 
 def check_positive_int(name: str, value, limit: int, *, error: type[PlanError] = PlanError,
-                       what: str = "") -> int:
+                       what: str = "", why: str = "") -> int:
     """``value`` as an int in 1..limit, else ``error`` naming ``name``, the value and the rule.
 
     ``what`` says what the limit guards ("GPUs", "layers"); the message then reads
-    ``--tp must be a positive integer, got 0`` or ``--global-batch 2^63 exceeds the limit ...``.
+    ``--tp must be a positive integer, got 0`` or ``--global-batch 2^63 exceeds the limit ...``; ``why``
+    (from ``REASONS``) says why the limit sits there.
     Booleans and floats are refused (``True`` is not a degree; 2.0 hides a computation gone wrong).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -62,7 +70,8 @@ def check_positive_int(name: str, value, limit: int, *, error: type[PlanError] =
                     f"{_limit_text(limit)}")
     if value > limit:
         raise error(f"{name} {value} exceeds the limit of {_limit_text(limit)}"
-                    + (f" {what}" if what else "") + " meshplan plans for (ir/limits.py); check it for a typo")
+                    + (f" {what}" if what else "") + " meshplan plans for (ir/limits.py"
+                    + (f": {why}" if why else "") + "); check it for a typo")
     return value
 
 
@@ -96,4 +105,4 @@ def check_sizes(*, global_batch, seq_len, world: int | None = None, layers: int 
     if world is not None:
         check_positive_int("world size", world, MAX_GPUS, error=error, what="GPUs")
     if layers is not None:
-        check_positive_int("layers", layers, MAX_LAYERS, error=error, what="layers")
+        check_positive_int("layers", layers, MAX_LAYERS, error=error, what="layers", why=REASONS["layers"])

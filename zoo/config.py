@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..ir.errors import UnknownModelError
+from ..ir.limits import REASONS
 from ..ir.schema import MODEL_LIMITS, short_repr
 
 FAMILIES = ("gpt", "llama", "moe")
@@ -75,8 +76,9 @@ def _check_size(name: str, value: Any, least: int, most: int) -> None:
         raise UnknownModelError(f"model config: {name} must be an integer from {least} to {most}, "
                                 f"got {short_repr(value)} ({type(value).__name__})")
     if not least <= value <= most:
+        why = f" ({REASONS[name]})" if name in REASONS else ""
         raise UnknownModelError(f"model config: {name} must be from {least} to {most}, got {short_repr(value)}"
-                                + ("; larger than any model meshplan plans for, check it for a typo"
+                                + (f"; larger than any model meshplan plans for{why}, check it for a typo"
                                    if value > most else ""))
 
 

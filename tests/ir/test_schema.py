@@ -67,8 +67,8 @@ def test_the_good_plan_and_a_users_model_round_trip() -> None:
     # stages and recompute cover the layers
     (lambda d: d.update(stages=[[0, 2], [2, 3]]), "stages: end at layer 3 but the model has 4 layers"),
     (lambda d: d.update(recompute=["none"] * 3), "recompute: has 3 entries but the model has layers(4)"),
-    (lambda d: d.update(recompute=["none"] * 6_000_000), "recompute: may hold at most 100000 items"),
-    (lambda d: d["model"].update(layers=6_000_000), "model.layers: must be at most 100000"),
+    (lambda d: d.update(recompute=["none"] * 6_000_000), "recompute: may hold at most 1024 items"),
+    (lambda d: d["model"].update(layers=6_000_000), "model.layers: must be at most 1024"),
     # layouts
     (lambda d: d.update(param_layouts={"w": ["R", "R"]}), "param_layouts['w']: must hold at least 5 items"),
     (lambda d: d.update(param_layouts={"w": ["R", "X", "R", "R", "R"]}),

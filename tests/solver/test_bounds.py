@@ -84,7 +84,7 @@ def test_divisors_refuse_non_positive_integers(bad) -> None:
     ("gpus", limits.MAX_GPUS, limits.MAX_GPUS + 1, r"gpus 10000001 exceeds the limit of 10000000 \(10\^7\)"),
     ("global_batch", limits.MAX_GLOBAL_BATCH, 2**63, r"exceeds the limit of 1099511627776 \(2\^40\)"),
     ("seq_len", limits.MAX_SEQ_LEN, 2**24 + 1, r"exceeds the limit of 16777216 \(2\^24\)"),
-    ("layers", limits.MAX_LAYERS, 10**5 + 1, r"exceeds the limit of 100000 \(10\^5\)"),
+    ("layers", limits.MAX_LAYERS, 1025, r"exceeds the limit of 1024 \(2\^10\)"),
 ])
 def test_check_positive_int_names_the_value_and_the_limit(name, limit, value, message) -> None:
     with pytest.raises(ir.PlanError, match=message):
@@ -257,8 +257,9 @@ def test_recompute_list_matches_the_per_rank_walk(pp, vp, extra, data) -> None:
 
 
 def test_recompute_list_is_linear_in_the_layers() -> None:
-    """pp = 10^5 single-layer stages: the old walk (one pass over every chunk per rank) took 10^10 steps."""
-    n = limits.MAX_LAYERS
+    """pp = 10^5 single-layer stages: the old walk (one pass over every chunk per rank) took 10^10 steps.
+    10^5 is past limits.MAX_LAYERS, so that a quadratic walk would show."""
+    n = 10**5
     stages = tuple((i, i + 1) for i in range(n))
     with within(20):
         out = recompute_list(n, stages, n, 0, 1)
