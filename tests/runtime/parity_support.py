@@ -2,6 +2,9 @@
 each write their own traceback (so a failure shows its cause, not another rank's "connection reset").
 
 One launch runs many cases in the same processes: a 4-process gloo start costs seconds on 2 cores.
+The ranks are forked from a forkserver that imported torch and meshplan once for the whole session
+(each spawned rank would import them again: seconds of CPU per rank); each rank is still a fresh
+process with its own process group.
 """
 from __future__ import annotations
 
@@ -101,14 +104,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# imported once, by the forkserver that every rank of the session is forked from
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "meshplan.runtime", "meshplan.zoo", "parity_support"]
+
+
 def run_ranks(world_size: int, entry: str, payload: Any, tmp: Path, timeout_s: float = 240) -> None:
     """Run ``entry(rank, world_size, payload, outdir)`` (a "module:function" importable from this
-    folder) on ``world_size`` gloo processes; raise with every rank's own traceback on failure."""
+    folder) on ``world_size`` gloo processes; raise with every rank's own traceback on failure.
+
+    The ranks start from a forkserver (see the module's docstring): it is started, with the
+    environment and ``sys.path`` of this moment, by the session's first launch and serves them all."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the server runs
     port = free_port()
     ctx = mp.start_processes(_rank_main, args=(world_size, port, entry, payload, str(tmp)), nprocs=world_size,
-                             join=False, start_method="spawn")
+                             join=False, start_method="forkserver")
     try:
         while not ctx.join(timeout=timeout_s):
             pass
