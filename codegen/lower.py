@@ -213,14 +213,31 @@ def _data_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
         return [DataParallel(module="", mesh_axis=axis)] + ([ShardOptimizer(mesh_axis=axis)] if zero == 1 else [])
     axes = (axis, "dp_shard") if zero == 0 or plan.zero_group else (axis,)  # HSDP: replicate x shard
     # ZeRO-3 frees each block's gathered parameters after its forward and gathers them again in
-    # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: the output
-    # head and the embedding are needed again as soon as backward starts.
+    # backward; ZeRO-2 (and HSDP-as-DDP) keeps them. The root keeps its own either way: what is left in
+    # it (the final norm) is needed again as soon as backward starts.
     s = cfg["structure"]
     steps: list[Step] = expert.expert_data_parallel(plan, s) if plan.mesh.ep > 1 else []
     steps += [FullyShard(module=s.block_path(i), mesh_axes=axes, reshard_after_forward=zero == 3)
               for i in range(cfg["layers"])]
+    steps += _edge_units(plan, s, axes)
     steps.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))
     return steps
+
+
+def _edge_units(plan: Plan, s: Any, axes: tuple[str, ...]) -> list[Step]:
+    """Under ZeRO-2/3 the embedding and the output head are FSDP units of their own, as torchtitan
+    shards them (``models/llama3/infra/parallelize.py``, ``apply_fsdp``), and as the cost model prices
+    them (``data_parallel.rank_params``: each is a unit beside the blocks). In the root they would stay
+    gathered from the forward to the end of the backward, with their unsharded gradients: for a 32k
+    vocabulary at hidden 1024 in fp32, 0.5 GB whole on every rank. Apart, the head's gradient is
+    reduce-scattered as soon as its backward ends, and under ZeRO-3 the embedding is freed after the
+    forward. The head keeps its parameters gathered into the backward (it is the first unit there).
+    A tied head shares the embedding's table, so both stay in one unit (the root); pipeline stages hold
+    one of them or neither, and keep the root's."""
+    if plan.zero_stage < 2 or plan.mesh.pp > 1 or s.tied_head or not (s.embed and s.head):
+        return []
+    return [FullyShard(module=s.embed, mesh_axes=axes, reshard_after_forward=plan.zero_stage == 3),
+            FullyShard(module=s.head, mesh_axes=axes, reshard_after_forward=False)]
 
 
 def _precision_words(plan: Plan) -> str:

@@ -25,7 +25,7 @@ def test_cp_flattens_dp_x_cp_and_splits_each_attention() -> None:
     assert [s.module for s in cps] == [f"layers.{i}.attn" for i in range(4)] + ["embed"]  # gpt: learned positions
     assert all(s.cp_size == 2 and s.load_balance and s.mesh_axis == "cp" for s in cps)
     shards = [s for s in program.steps if isinstance(s, FullyShard)]
-    assert len(shards) == 5 and all(s.mesh_axes == ("dp_cp",) for s in shards)
+    assert len(shards) == 7 and all(s.mesh_axes == ("dp_cp",) for s in shards)  # blocks, embedding, head, root
     kinds = program.kinds()  # recompute wraps attn, so the module swap comes first; FSDP last
     assert max(i for i, k in enumerate(kinds) if k == "ContextParallel") < kinds.index("Recompute")
     assert max(i for i, k in enumerate(kinds) if k == "Recompute") < kinds.index("FullyShard")

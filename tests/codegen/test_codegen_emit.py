@@ -26,7 +26,8 @@ def test_per_layer_steps_group_into_loops() -> None:
     assert groups == [
         ("BuildMesh", None, None), ("TensorParallel", "", None), ("TensorParallel", "layers.{i}", (0, 1, 2, 3)),
         ("Recompute", "layers.{i}", (0, 1)), ("Recompute", "layers.{i}.attn", (3,)),
-        ("FullyShard", "layers.{i}", (0, 1, 2, 3)), ("FullyShard", "", None)]
+        ("FullyShard", "layers.{i}", (0, 1, 2, 3)), ("FullyShard", "embed.tok", None), ("FullyShard", "output", None),
+        ("FullyShard", "", None)]
 
 
 def test_zero3_tp_script_reads_like_a_recipe() -> None:

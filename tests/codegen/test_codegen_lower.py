@@ -49,9 +49,10 @@ def test_zero1_adds_a_sharded_optimizer() -> None:
 def test_zero_2_and_3_shard_blocks_then_root(zero: int, reshard: bool) -> None:
     program = lower(plan("llama", dp=8, zero=zero))
     shards = [s for s in program.steps if isinstance(s, FullyShard)]
-    assert [s.module for s in shards] == ["layers.0", "layers.1", "layers.2", "layers.3", ""]
-    assert all(s.reshard_after_forward == reshard for s in shards[:-1])
-    assert shards[-1].reshard_after_forward is False  # the root is needed first in backward
+    # the embedding and the head are units of their own (torchtitan's apply_fsdp), then the root
+    assert [s.module for s in shards] == ["layers.0", "layers.1", "layers.2", "layers.3", "embed.tok", "output", ""]
+    assert all(s.reshard_after_forward == reshard for s in shards[:-2])
+    assert not shards[-2].reshard_after_forward and not shards[-1].reshard_after_forward  # first in backward
     assert all(s.mesh_axes == ("dp",) for s in shards)
     assert program.sync_every_microbatch
 
@@ -59,7 +60,7 @@ def test_zero_2_and_3_shard_blocks_then_root(zero: int, reshard: bool) -> None:
 def test_dp_x_tp_with_sp() -> None:
     program = lower(plan("gpt", dp=2, tp=4, zero=3, sp=True))
     assert program.mesh.dims == (("dp", 2), ("tp", 4))
-    assert program.kinds() == ("BuildMesh",) + ("TensorParallel",) * 5 + ("FullyShard",) * 5
+    assert program.kinds() == ("BuildMesh",) + ("TensorParallel",) * 5 + ("FullyShard",) * 7
     root, block = program.steps[1], program.steps[2]
     assert root.module == "" and block.module == "layers.0"
     root_styles = dict(root.plan)
@@ -161,5 +162,5 @@ def test_any_supported_plan_lowers_in_order_and_emits(family, dp, tp, zero, sp, 
     assert sum(isinstance(s, TensorParallel) for s in program.steps) == (5 if tp > 1 else 0)
     assert sum(isinstance(s, Recompute) for s in program.steps) == sum(r != "none" for r in recompute)
     fsdp = sum(isinstance(s, FullyShard) for s in program.steps)
-    assert fsdp == (5 if dp > 1 and (zero >= 2 or tp > 1) else 0)
+    assert fsdp == (0 if dp == 1 else 7 if zero >= 2 else 5 if tp > 1 else 0)  # ZeRO-2/3: embedding, head apart
     compile(emit_source(p), "emitted.py", "exec")
