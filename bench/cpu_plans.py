@@ -37,7 +37,8 @@ def build_plans(cluster_spec: str) -> list[tuple[str, object]]:
 
     out = []
     for label, tp, pp, dp, zero, sp, mb, recompute, schedule in PLANS:
-        args = argparse.Namespace(pp=pp, vp=1, stages=None)
+        args = argparse.Namespace(pp=pp, vp=1, stages=None, first_stage_layers=None, last_stage_layers=None,
+                                  account_embedding=False, account_loss=False)  # meshplan estimate's defaults
         plan = ir.Plan(model=MODEL, cluster=cluster_spec, global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
                        mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp,
                        micro_batch_size=mb, num_microbatches=GLOBAL_BATCH // (mb * dp), schedule=schedule,

@@ -23,11 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..codegen.precision import check_runnable
 from ..ir import Plan
 from .clip import check_max_norm, compile_blocks, install_clipping
 from .data import TokenFile, TokenStream, open_stream
 from .distributed import close_distributed, init_distributed
 from .distributed import pg_timeout_s as timeout_for_step
+from .memory import return_freed_memory
 from .planned import OptimizerFactory, PlannedModule, apply
 
 ModelBuilder = Callable[[dict[str, Any]], nn.Module]
@@ -58,7 +60,9 @@ class Options:
         """Bad input, before any process group: a missing --data file (with ``scan_data``, also one too
         short or with an id outside the vocabulary: the whole file is read), a bad --clip-grad, a missing
         --init-from checkpoint, or (given the whole ``model``, e.g. built on meta) one whose names or
-        shapes differ from the model's (each a ``PlanError``)."""
+        shapes differ from the model's (each a ``PlanError``); and a plan dtype this machine cannot train in
+        (``codegen.precision.check_runnable``)."""
+        check_device_dtype(plan.dtype)
         if self.data is not None:
             file = TokenFile.open(self.data, int(plan.model["vocab"]), self.data_dtype)
             if scan_data:
@@ -71,6 +75,13 @@ class Options:
             find_safetensors(self.init_from)
             if model is not None:
                 check_pretrained(model, self.init_from)
+
+
+def check_device_dtype(dtype: str) -> None:
+    """``plan.dtype`` runs on the device the ranks here will use (``distributed.device_for_rank``: a GPU
+    when CUDA is available, else the CPU)."""
+    cuda = torch.cuda.is_available()
+    check_runnable(dtype, "cuda" if cuda else "cpu", bf16_supported=not cuda or torch.cuda.is_bf16_supported())
 
 
 def prepare_model(plan: Plan, model: nn.Module, options: Options) -> nn.Module:
@@ -105,6 +116,7 @@ def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
     ``pg_timeout_s`` overrides how long a collective waits for a stopped rank (``plan_pg_timeout_s``);
     ``options``: data file, pretrained weights, clipping, compile."""
     options.check(plan)
+    return_freed_memory()  # a CPU rank's resident set then tracks what it holds (memory.py)
     created = init_distributed(plan_pg_timeout_s(plan, pg_timeout_s))
     try:
         pm = apply(plan, prepare_model(plan, model, options), optimizer=optimizer, fuse=fuse)
