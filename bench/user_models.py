@@ -1,8 +1,10 @@
-"""Plan the users' own models at 7-8B sizes on 64 H100s: the models people train, as their libraries
+"""Plan the users' own models at 7-20B sizes on 64 H100s: the models people train, as their libraries
 build them (Hugging Face classes from a config, a torchtitan-style Llama, a hand-written nanoGPT, an
 MLP stack with example inputs), each traced on meta and planned from its graph, not from a zoo name.
 
     python bench/user_models.py [--cluster h100-sxm:8x8] [--global-batch 256] [--seq-len 2048] [--only NAME]
+
+``--only deepseek`` and ``--only gpt-oss`` add the slow rows (``SLOW_MODELS``), 16-21B MoE models.
 
 Prints one row per model: where it comes from, its size, the blocks found, the chosen plan, the
 predicted step time and MFU, and the wall time of ``autoparallelize`` (trace + solve). The last rows
@@ -36,7 +38,7 @@ def _hf(model_type: str, **config) -> Callable[[], torch.nn.Module]:
     return build
 
 
-# (name, builder on meta, example_inputs): configs from each model's published card, 7-8B total
+# (name, builder on meta, example_inputs): configs from each model's published card, 7-21B total
 MODELS: list[tuple[str, Callable[[], torch.nn.Module], object]] = [
     ("HF Llama-3-8B", _hf("llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -67,14 +69,33 @@ MODELS: list[tuple[str, Callable[[], torch.nn.Module], object]] = [
 ]
 
 
+# planned only when named with --only: their layers are not all alike (DeepSeek's leading dense layer, GPT-OSS's
+# alternating sliding window), so the whole model is exported, not two layers, and planning takes minutes.
+# DeepSeek-V3's architecture (MLA, 1 leading dense layer, shared experts) at Moonlight-16B-A3B's published
+# size (moonshotai/Moonlight-16B-A3B config.json), and GPT-OSS-20B (openai/gpt-oss-20b config.json)
+SLOW_MODELS: list[tuple[str, Callable[[], torch.nn.Module], object]] = [
+    ("HF DeepSeek-V3 arch (Moonlight-16B)", _hf("deepseek_v3", vocab_size=163840, hidden_size=2048,
+                                               intermediate_size=11264, moe_intermediate_size=1408,
+                                               num_hidden_layers=27, first_k_dense_replace=1, n_routed_experts=64,
+                                               n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1,
+                                               num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None,
+                                               kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                               v_head_dim=128, max_position_embeddings=8192), None),
+    ("HF GPT-OSS-20B", _hf("gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                           num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                           num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                           max_position_embeddings=131072), None),
+]
+
+
 def _row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
 
 
 def run(cluster: str, global_batch: int, seq_len: int, only: str | None) -> None:
-    widths = [28, 7, 22, 44, 10, 6, 8]
+    widths = [36, 7, 22, 44, 10, 6, 8]
     print(_row(["model", "params", "blocks", "plan", "step", "MFU", "plan s"], widths))
-    for name, build, example in MODELS:
+    for name, build, example in MODELS + (SLOW_MODELS if only else []):
         if only and only.lower() not in name.lower():
             continue
         with torch.device("meta"):
