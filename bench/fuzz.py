@@ -5,11 +5,12 @@ profiles and command lines, damaged the way a careless user, a shared file or a 
     python bench/fuzz.py --cases 200           # a quick look
 
 Each case runs ``meshplan`` in its own process (forked from a warm worker that has imported meshplan and
-torch, so that a case costs its work, not 4 s of imports), in a fresh directory, with a 20 s limit. A
+torch, so that a case costs its work, not 4 s of imports), in a fresh directory, with a limit of 20 s of
+CPU time, and of 20 s times the load average per core of waiting (a read from a FIFO uses no CPU). A
 pool of 2 workers keeps within 2 cores. Counted per kind:
 
 * **tracebacks**: the command's stderr holds "Traceback" (meshplan must exit 2 with one line);
-* **hangs**: the command ran past the limit (killed with its process group);
+* **hangs**: the command ran past either limit (killed with its process group);
 * **invalid accepted**: meshplan exited 0 although ``fuzz_oracle`` finds a violation (checked
   independently of meshplan's validation), or an emitted script does not compile, or its module code
   or (one-process plans) one training step fails;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -168,9 +170,9 @@ def _warm() -> None:
 
 
 def load_factor() -> float:
-    """How much slower than an idle machine a case runs now: the load average per core, 1 to 4. The
-    limit of a case is scaled by it, so that others' work on a shared machine is not counted as a hang."""
-    return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+    """How much longer than on an idle machine a case waits now: the load average per core, 1 to 16. Only
+    the wall-clock limit (a case blocked on a FIFO uses no CPU) is scaled by it; the CPU-time limit is not."""
+    return min(16.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
 
 
 def _materialize(where: Path, files: dict[str, Any]) -> None:
@@ -192,8 +194,11 @@ def _materialize(where: Path, files: dict[str, Any]) -> None:
 def _forked(where: Path, tag: str, fn: Callable[[], int | None], timeout_s: float,
             env: dict[str, str] | None = None) -> dict:
     """Run ``fn`` in a forked child (own session, cwd ``where``, stdout/stderr to files); its exit status,
-    output and whether it was killed past ``timeout_s``."""
+    output and whether it hung: ran past ``timeout_s`` of CPU time (``RLIMIT_CPU``: the kernel stops it
+    with SIGXCPU), or waited past ``timeout_s`` times the load (``load_factor``). CPU time is what a case
+    costs on an idle machine; wall time on a shared one is mostly others' work."""
     out, err = where / f"{tag}.stdout", where / f"{tag}.stderr"
+    wall_s = timeout_s * load_factor()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -204,6 +209,8 @@ def _forked(where: Path, tag: str, fn: Callable[[], int | None], timeout_s: floa
             import resource
 
             resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+            cpu_s = math.ceil(timeout_s)  # SIGXCPU at the soft limit, SIGKILL at the hard one
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
             for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                                     (2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
                 new = os.open(path, flags, 0o644)
@@ -226,19 +233,21 @@ def _forked(where: Path, tag: str, fn: Callable[[], int | None], timeout_s: floa
                 sys.stderr.flush()
             finally:
                 os._exit(code & 0xFF if code >= 0 else 1)
-    hung, status = False, 0
+    hung, status = "", 0
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() - start > timeout_s:
-            hung = True
+        if time.monotonic() - start > wall_s:
+            hung = f"waited past {wall_s:.0f} s ({timeout_s:.0f} s x load {wall_s / timeout_s:.1f})"
             _kill_group(pid)
             _, status = os.waitpid(pid, 0)
             break
         time.sleep(0.02)
     _kill_group(pid)  # what the case left running (torchrun's workers)
     rc = os.waitstatus_to_exitcode(status)
+    if rc in (-signal.SIGXCPU, -signal.SIGKILL) and not hung:
+        hung = f"ran past {timeout_s:.0f} s of CPU time"
     read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
     return {"rc": rc, "hung": hung, "stdout": read(out), "stderr": read(err), "wall_s": time.monotonic() - start}
 
@@ -278,14 +287,12 @@ def _script(path: Path, run_name: str, argv: list[str]) -> Callable[[], None]:
 def run_case(case: dict, root: str, timeout_s: float) -> dict:
     where = Path(tempfile.mkdtemp(prefix=f"case{case['id']}-", dir=root))
     _materialize(where, case["files"])
-    factor = load_factor()
-    timeout_s *= factor
     first = _forked(where, "cli", _cli(case["argv"]), timeout_s)
     result = {"id": case["id"], "kind": case["kind"], "rc": first["rc"], "wall_s": first["wall_s"],
               "findings": [], "dir": str(where)}
     found = result["findings"]
     if first["hung"]:
-        found.append(("hangs", f"past {timeout_s:.0f} s ({timeout_s / factor:.0f} s x load {factor:.1f})"))
+        found.append(("hangs", first["hung"]))
     elif "Traceback" in first["stderr"]:
         found.append(("tracebacks", _last_line(first["stderr"])))
     accepted = first["rc"] == 0 and not first["hung"]
@@ -341,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per case")
+    p.add_argument("--budget", type=float, default=None,
+                   help="stop after this many seconds and report the cases done (a shared machine may not finish)")
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of " + ", ".join(KINDS))
     p.add_argument("--seeds-dir", default=os.path.join(tempfile.gettempdir(), "meshplan-fuzz-seeds"))
     p.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), "meshplan-fuzz-findings"),
@@ -369,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                      "violations": case["violations"], "findings": res["findings"]}, indent=1))
             if i % 50 == 0:
                 print(f"  {i}/{len(cases)} cases, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+            if args.budget is not None and time.monotonic() - start > args.budget:
+                print(f"budget of {args.budget:.0f} s spent: {i} of {len(cases)} cases done", flush=True)
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
     _report(results, time.monotonic() - start, keep)
     return 1 if any(r["findings"] for r in results) else 0
 
