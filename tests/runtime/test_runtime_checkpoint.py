@@ -5,13 +5,7 @@ of another model names the parameters that differ. And ``meshplan run`` with a c
 step 3 and ``--max-restarts 1`` ends where an uninterrupted run ends."""
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +14,8 @@ from meshplan import ir
 from meshplan.codegen import lower
 
 from checkpoint_cases import TOTAL, plan_for
-from parity_support import make_plan, reference, run_ranks
+from parity_support import reference, run_ranks
+from run_support import finish, losses_of, start
 
 pytestmark = pytest.mark.slow
 
@@ -90,37 +85,21 @@ def test_a_checkpoint_of_another_model_names_the_parameters(ranks) -> None:
     assert "no complete checkpoint" in errors["missing"] and "does not exist" in errors["missing"]
 
 
-def _meshplan_run(tmp_path: Path, plan_path: Path, name: str, *extra: str, env: dict | None = None
-                  ) -> tuple[list[float], dict[str, torch.Tensor], str]:
-    """``meshplan run`` on 2 processes, 4 steps: the printed losses, the final parameters, stdout."""
-    final = tmp_path / f"{name}.pt"
-    cmd = [sys.executable, "-m", "meshplan.cli", "run", str(plan_path), "--nproc", "2", "--steps", str(TOTAL),
-           "--save-final", str(final), *extra]
-    # a session of its own, so that a timeout can stop torchrun's workers too, not only the cli
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    assert proc.returncode == 0, out + err
-    losses = {int(s): float(x) for s, x in re.findall(r"^step (\d+) loss (\S+)$", out, re.M)}
-    assert sorted(losses) == list(range(1, TOTAL + 1)), out
-    assert "median step time" in out
-    return [losses[s] for s in sorted(losses)], torch.load(final), out
-
-
-def test_meshplan_run_recovers_from_a_crash_with_the_same_result(tmp_path) -> None:
-    plan_path = tmp_path / "plan.json"
-    plan_path.write_text(dataclasses.replace(make_plan("gpt-tiny", dp=2, zero=3), cluster="cpu:1x2").to_json())
-    losses, params, _ = _meshplan_run(tmp_path, plan_path, "straight")
+def test_meshplan_run_recovers_from_a_crash_with_the_same_result(straight_run, tmp_path) -> None:
+    """Against the uninterrupted run of the same plan (conftest.straight_run, shared with the fault tests)."""
+    assert sorted(straight_run.losses) == list(range(1, TOTAL + 1)), straight_run.out
+    assert "median step time" in straight_run.out
     crash = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1"}
-    ckpt = tmp_path / "ckpt"
-    got_losses, got_params, out = _meshplan_run(tmp_path, plan_path, "crashed", "--checkpoint-every", "2",
-                                                "--max-restarts", "1", "--checkpoint-dir", str(ckpt), env=crash)
+    ckpt, final = tmp_path / "ckpt", tmp_path / "crashed.pt"
+    code, out, err = finish(start(straight_run.plan_path, "--save-final", str(final), "--checkpoint-every", "2",
+                                  "--max-restarts", "1", "--checkpoint-dir", str(ckpt), env=crash), timeout_s=240)
+    assert code == 0, out + err
+    got_losses = losses_of(out)
+    assert sorted(got_losses) == list(range(1, TOTAL + 1)), out
+    assert "median step time" in out
     assert "injected failure before step 3" in out and "at step 2" in out, out
-    assert got_losses == pytest.approx(losses, abs=1e-5)
-    for name, ref in params.items():
+    assert got_losses == pytest.approx(straight_run.losses, abs=1e-5)
+    got_params = torch.load(final)
+    for name, ref in straight_run.params.items():
         torch.testing.assert_close(got_params[name], ref, atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000002", "step-000004"]

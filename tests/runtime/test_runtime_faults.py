@@ -11,12 +11,10 @@ Through ``meshplan run`` on 2 processes: a rank stopped with SIGSTOP fails the s
 it, which then finishes the run; a killed torchrun agent takes its workers with it."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,8 @@ import torch
 
 from checkpoint_cases import SAVE_AT, TOTAL
 from meshplan import zoo
-from parity_support import make_plan, reference, run_ranks
+from parity_support import reference, run_ranks
+from run_support import finish, losses_of, start
 
 pytestmark = pytest.mark.slow
 
@@ -97,73 +96,40 @@ def test_when_no_checkpoint_verifies_the_error_says_so(ranks) -> None:
 
 # ---- through meshplan run (2 processes) -----------------------------------------------------------
 
-def _start(tmp_path: Path, plan_path: Path, *extra: str, env: dict | None = None, cmd: list[str] | None = None
-           ) -> subprocess.Popen:
-    cmd = cmd or [sys.executable, "-m", "meshplan.cli", "run", str(plan_path), "--nproc", "2", "--steps", str(TOTAL),
-                  *extra]
-    # a session of its own, so that a timeout can stop torchrun's workers too, not only the cli
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"meshplan run did not end within {timeout_s} s:\n{out}\n{err}")
-    return proc.returncode, out, err
-
-
-def _losses(out: str) -> dict[int, float]:
-    return {int(s): float(x) for s, x in re.findall(r"^step (\d+) loss (\S+)$", out, re.M)}
-
-
-@pytest.fixture(scope="module")
-def plan_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
-    path.write_text(dataclasses.replace(make_plan("gpt-tiny", dp=2, zero=3), cluster="cpu:1x2").to_json())
-    return path
-
-
-@pytest.fixture(scope="module")
-def straight(plan_path, tmp_path_factory) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
-    final = tmp_path_factory.mktemp("straight") / "final.pt"
-    code, out, err = _finish(_start(final.parent, plan_path, "--save-final", str(final)))
-    assert code == 0, out + err
-    return _losses(out), torch.load(final)
-
-
 def _assert_same_end(straight, losses: dict[int, float], final: Path) -> None:
-    ref_losses, ref_params = straight
-    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    assert losses == pytest.approx(straight.losses, abs=1e-5)
     params = torch.load(final)
-    for name, ref in ref_params.items():
+    for name, ref in straight.params.items():
         torch.testing.assert_close(params[name], ref, atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-def test_a_stopped_rank_fails_the_step_and_the_restart_resumes(plan_path, straight, tmp_path) -> None:
+@pytest.fixture()
+def plan_path(straight_run) -> Path:
+    """The plan of the uninterrupted run (conftest.straight_run, shared with the checkpoint tests)."""
+    return straight_run.plan_path
+
+
+def test_a_stopped_rank_fails_the_step_and_the_restart_resumes(plan_path, straight_run, tmp_path) -> None:
     final, ckpt = tmp_path / "final.pt", tmp_path / "ckpt"
     stop = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1", "MESHPLAN_FAIL_HOW": "stop"}
-    start = time.monotonic()
-    code, out, err = _finish(_start(tmp_path, plan_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
-                                    "--max-restarts", "1", "--pg-timeout", "20", "--save-final", str(final), env=stop))
-    elapsed = time.monotonic() - start
+    began = time.monotonic()
+    code, out, err = finish(start(plan_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
+                                  "--max-restarts", "1", "--pg-timeout", "20", "--save-final", str(final), env=stop))
+    elapsed = time.monotonic() - began
     assert code == 0, out + err
     assert "injected stop before step 3" in out and "resumed from" in out and "at step 2" in out, out
     assert re.search(r"time(d)? ?out", err, re.I), err[-3000:]  # rank 0 gave up waiting: gloo's timeout
-    _assert_same_end(straight, _losses(out), final)
+    _assert_same_end(straight_run, losses_of(out), final)
     assert elapsed < 600, elapsed  # not gloo's default 30 minutes
 
 
-def test_a_failed_run_keeps_its_checkpoints_and_prints_the_resume_command(plan_path, straight, tmp_path) -> None:
+def test_a_failed_run_keeps_its_checkpoints_and_prints_the_resume_command(plan_path, straight_run, tmp_path) -> None:
     final = tmp_path / "final.pt"
     crash = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1"}
-    code, out, err = _finish(_start(tmp_path, plan_path, "--checkpoint-every", "2", "--max-restarts", "0",
-                                    "--save-final", str(final), env=crash))
+    code, out, err = finish(start(plan_path, "--checkpoint-every", "2", "--max-restarts", "0",
+                                  "--save-final", str(final), env=crash))
     assert code == 1, out + err
-    assert _losses(out) == pytest.approx({s: straight[0][s] for s in (1, 2)}, abs=1e-5)
+    assert losses_of(out) == pytest.approx({s: straight_run.losses[s] for s in (1, 2)}, abs=1e-5)
     match = re.search(r"^meshplan: error: the run failed \(torchrun exited with status 1.*"
                       r"its checkpoints are kept in (\S+) \(newest: step-000002\); resume with: (.+)$", err, re.M)
     assert match, err
@@ -171,12 +137,12 @@ def test_a_failed_run_keeps_its_checkpoints_and_prints_the_resume_command(plan_p
     try:
         assert sorted(p.name for p in kept.iterdir()) == ["step-000002"]
         assert command[:2] == ["meshplan", "run"] and "--checkpoint-dir" in command
-        code, out, err = _finish(_start(tmp_path, plan_path, cmd=[sys.executable, "-m", "meshplan.cli", *command[1:]]))
+        code, out, err = finish(start(plan_path, cmd=[sys.executable, "-m", "meshplan.cli", *command[1:]]))
         assert code == 0, out + err
         assert f"resumed from {kept / 'step-000002'} at step 2" in out
-        losses = _losses(out)
+        losses = losses_of(out)
         assert sorted(losses) == [3, 4]
-        _assert_same_end(straight, {**{s: straight[0][s] for s in (1, 2)}, **losses}, final)
+        _assert_same_end(straight_run, {**{s: straight_run.losses[s] for s in (1, 2)}, **losses}, final)
     finally:
         import shutil
 
@@ -199,8 +165,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_agent_takes_its_workers_along(plan_path, tmp_path) -> None:
-    proc = _start(tmp_path, plan_path, cmd=[sys.executable, "-m", "meshplan.cli", "run", str(plan_path),
-                                            "--nproc", "2", "--steps", "1000000"])
+    proc = start(plan_path, cmd=[sys.executable, "-m", "meshplan.cli", "run", str(plan_path),
+                                 "--nproc", "2", "--steps", "1000000"])
     try:
         for line in proc.stdout:
             if line.startswith("step 2 loss"):
@@ -214,7 +180,7 @@ def test_a_killed_agent_takes_its_workers_along(plan_path, tmp_path) -> None:
         while any(_alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [w for w in workers if _alive(w)], "workers outlived their torchrun agent"
-        code, _, err = _finish(proc, timeout_s=60)
+        code, _, err = finish(proc, timeout_s=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
