@@ -162,3 +162,17 @@ def test_damaged_clusters_profiles_configs_and_flags(tmp_path, kind, rng_seed) -
     if kind == "config" and not case["violations"] and json.loads(case["files"]["cfg.json"])["layers"] > 8:
         return  # a valid deep model (up to the 1024-layer bound) builds for seconds: the bench covers it
     run_case(case, tmp_path / str(rng_seed))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["source"].update(name="nope"), "unknown model 'nope'"),
+    (lambda d: d["param_layouts"].update({"layers.0.attn.nope.weight": ["R"] * 5}), "does not have"),
+])
+def test_run_refuses_a_plan_the_zoo_cannot_build_before_torchrun(tmp_path, capsys, edit, message) -> None:
+    """Fuzz finding: ``meshplan run`` started torchrun on such a plan and every worker died with a traceback."""
+    data = json.loads(json.dumps(SEEDS["gpt"]))
+    edit(data)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert main(["run", str(tmp_path / "plan.json"), "--nproc", "1", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meshplan: error: ") and message in err and "Traceback" not in err and "torchrun" not in err
