@@ -89,9 +89,10 @@ def _free_port() -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .api import load
+    from .api import check_zoo_layouts, load
 
     plan = load(args.plan)
+    check_zoo_layouts(plan)  # as emit does, before torchrun: a zoo name or layout the zoo lacks fails every worker
     if plan.source.get("kind") == "module":  # before torchrun: every worker would fail to build it
         raise ir.InvalidPlanError(f"{args.plan}: the plan's model source is 'module' (a model only its caller held), "
                                   "so meshplan run cannot build it; plan from a zoo name, hf:PATH or "
