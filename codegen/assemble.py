@@ -4,7 +4,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
-                      ShardOptimizer, TensorParallel)
+                      ShardOptimizer, SplitPipeline, TensorParallel)
 from . import fused, model_source, safe
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
@@ -114,8 +114,8 @@ def _parallelize_function(lines: list[str]) -> str:
 
 def _model_block(program: Program, parts: ModuleType) -> str:
     """Build the model from the plan's source (``model_source``), then parallelize it."""
-    if model_source.kind(program) == "zoo":
-        return parts.MAIN_MODEL.rstrip("\n").lstrip("\n")
+    if model_source.kind(program) == "zoo" or any(isinstance(s, SplitPipeline) for s in program.steps):
+        return parts.MAIN_MODEL.rstrip("\n").lstrip("\n")  # the pipeline's builds the stages too
     lines = ["torch.manual_seed(args.seed)  # every rank builds the same initial weights",
              *model_source.build_lines(program), "model = materialized(parallelize(model, mesh), mesh)"
              if model_source.on_meta(program) else "model = parallelize(model, mesh)"]

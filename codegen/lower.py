@@ -55,7 +55,7 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     steps += _recompute(plan, cfg)
     steps += _data_parallel(plan, cfg)
     if plan.mesh.pp > 1:
-        steps = pipeline_lower.pipelined(plan, steps)  # SplitPipeline first; see pipeline_lower
+        steps = pipeline_lower.pipelined(plan, steps, cfg["structure"])  # SplitPipeline first; see pipeline_lower
     steps = with_precision(plan.dtype, steps)  # bf16: FSDP2's mixed-precision policy, or autocast
     return Program(
         plan_summary=plan.summary(), header=_header(plan) + (fused.skipped(plan) if fuse else ()), model_config=tuple(plan.model.items()),
@@ -131,14 +131,14 @@ def _check_model_modules(plan: Plan, cfg: dict[str, Any]) -> None:
     if plan.sequence_parallel and (why := tp_plans.sp_blockers(s)):
         raise InvalidPlanError(f"sequence parallelism needs norms and module boundaries it can shard on: {'; '.join(why)}; "
                                "plan without sp (--no-sp)")
-    if not cfg["zoo"]:
-        # context parallelism and the pipeline stages run the zoo's module classes (runtime.context,
-        # runtime.pipeline); other models get tensor, data and ZeRO parallelism and recompute
-        for axis in ("pp", "cp"):
-            if getattr(m, axis) > 1:
-                raise InvalidPlanError(f"{axis}({getattr(m, axis)}) > 1: the runtime runs {axis} only on meshplan's "
-                                       f"zoo modules so far, and this model's structure is not one (blocks "
-                                       f"{s.blocks!r}); plan with {axis}=1")
+    if not cfg["zoo"] and m.cp > 1:
+        # context parallelism runs the zoo's attention class (runtime.context); other models get tensor,
+        # data, pipeline, expert and ZeRO parallelism and recompute
+        raise InvalidPlanError(f"cp({m.cp}) > 1: the runtime runs context parallelism only on meshplan's zoo "
+                               f"modules so far, and this model's structure is not one (blocks {s.blocks!r}); "
+                               "plan with cp=1")
+    if m.pp > 1 and (why := pipeline_lower.pipeline_blockers(s)):
+        raise InvalidPlanError(f"pp({m.pp}) > 1: {why}; plan with pp=1")
     if any(r == RecomputeChoice.SELECTIVE for r in plan.recompute) and not s.attn:
         raise InvalidPlanError("selective recompute wraps each block's attention module, but none was found in the "
                                "blocks; use recompute full or none")

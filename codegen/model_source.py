@@ -37,18 +37,19 @@ def check_emittable(program: Program) -> None:
 def on_meta(program: Program) -> bool:
     """The script builds the model on meta and materializes this rank's shards after ``parallelize``
     (``meshplan.runtime.materialize``): zoo and Hugging Face models, whose initialization it replays;
-    a user's builder, and the pipeline script, build the whole model first."""
-    return kind(program) in ("zoo", "hf") and not any(isinstance(s, SplitPipeline) for s in program.steps)
+    a user's builder builds the whole model first."""
+    return kind(program) in ("zoo", "hf")
 
 
 def imports(program: Program) -> list[str]:
     k = kind(program)
-    meta = on_meta(program)
-    names = ["build_on_meta", "materialized"] if meta else (
-        ["materialized"] if any(isinstance(s, DataParallel) for s in program.steps) else [])
+    pipelined = any(isinstance(s, SplitPipeline) for s in program.steps)
+    names = ["build_on_meta", "materialized"] if on_meta(program) else (
+        ["materialized"] if pipelined or any(isinstance(s, DataParallel) for s in program.steps) else [])
     lines = [f"from meshplan.runtime.materialize import {', '.join(names)}"] if names else []
-    if k == "zoo":
-        return ["", "import meshplan.zoo", *lines]
+    if k == "zoo":  # the pipeline's last stage takes the loss function, token cross-entropy
+        return ["", "import meshplan.zoo", *lines] + (
+            ["from meshplan.runtime.planned import token_cross_entropy"] if pipelined else [])
     if k == "hf":
         return ["", *lines, "from meshplan.runtime.planned import token_cross_entropy"]
     module, function = _target(program)
@@ -83,8 +84,9 @@ def constants(program: Program) -> list[str]:
 
 
 def build_lines(program: Program) -> list[str]:
-    """The lines in ``main`` that build a Hugging Face or builder model on ``device`` (after the seed is
-    set); a zoo model is built by the script template's ``MAIN_MODEL`` (``assemble._model_block``)."""
+    """The lines in ``main`` that build the model on ``device`` (after the seed is set)."""
+    if kind(program) == "zoo":
+        return ['model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, args.seed)']
     if kind(program) == "hf":  # parameters on meta; the values of a seeded whole build are filled in after parallelize
         cls = safe.name(program.source.get("class") or "AutoModelForCausalLM", "plan.source.class")
         return [f'model = build_on_meta({{"kind": "hf", "class": {safe.string_literal(cls)}, "config": HF_CONFIG}}, '

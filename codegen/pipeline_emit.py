@@ -1,12 +1,13 @@
 """Printing pipelined Programs: the ``SplitPipeline`` lines, guards for what a stage may not hold,
-and the script parts (stage module, model setup, training loop) that differ from ``script.py``.
+and the script parts (model setup, training loop) that differ from ``script.py``.
 
-The emitted script builds the whole model on every rank, keeps this pp rank's stages as
-``StageModule``s (the same class as ``meshplan.runtime.pipeline.StageModule``), runs
-``parallelize`` on each of them, wraps them in ``PipelineStage``s and trains through the plan's
-``torch.distributed.pipelining`` schedule. Per-layer steps loop over ``held(model, layers)``, the
-layers this stage holds; steps on the embedding, final norm or output head run only on the stage
-that has them.
+The emitted script builds the model as the plan's source says (on meta for zoo and Hugging Face
+models), keeps this pp rank's stages as ``meshplan.runtime.pipeline.Stage``s (the class ``plan.apply``
+runs: the user's own model with the other stages' parts taken out, under the whole model's names),
+runs ``parallelize`` on each, materializes this rank's shards, wraps the stages in ``PipelineStage``s
+and trains through the plan's ``torch.distributed.pipelining`` schedule. Per-block steps loop over
+``held(model, blocks)``, the blocks this stage holds; steps on the embedding, final norm or output head
+run only on the stage that holds them (``holds``).
 """
 from __future__ import annotations
 
@@ -27,21 +28,23 @@ def split_pipeline_lines(step: SplitPipeline, target: str) -> tuple[str, list[st
     stages = ", ".join(f"({safe.integer(a, 'a stage bound')}, {safe.integer(b, 'a stage bound')})"
                        for a, b in step.stages)
     axis, pp_size = safe.name(step.mesh_axis, "SplitPipeline.mesh_axis"), safe.integer(step.pp_size, "pp size")
+    parts = safe.literal(step.stage_parts(), "the pipeline split's module paths")
     return "pipeline", [
-        f"# pipeline parallelism over pp ({safe.shown(step.schedule)}): stage c holds layers [first, last) of",
+        f"# pipeline parallelism over pp ({safe.shown(step.schedule)}): stage c holds blocks [first, last) of",
         f"# stage_layers[c] and runs on pp rank c % {pp_size}; every rank keeps only its stages' modules",
         f"stage_layers = ({stages})",
+        f"stage_parts = {parts}  # where the blocks, embeddings, final norm and head are",
         f'pp_rank, pp_group = mesh.get_local_rank("{axis}"), mesh["{axis}"].get_group()',
         f"stage_ids = range(pp_rank, len(stage_layers), {pp_size})",
         "last_stage = len(stage_layers) - 1  # the first or last stage may hold only the embedding or the head",
-        "stage_modules = [parallelize(StageModule(model, *stage_layers[c], embeds=c == 0, projects=c == last_stage),",
-        f"{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}{INDENT}     mesh) for c in stage_ids]",
+        "stage_modules = [parallelize(Stage(model, *stage_layers[c], embeds=c == 0, projects=c == last_stage,",
+        f"{INDENT * 8}**stage_parts), mesh) for c in stage_ids]",
+        "model = materialized(LocalStages(stage_modules), mesh)  # this rank's parameters, under the model's names",
         "stages = [PipelineStage(module, c, len(stage_layers), device, group=pp_group)",
         f"{INDENT}{INDENT}  for c, module in zip(stage_ids, stage_modules)]",
         "# the loss runs on the last stage; the schedule scales gradients by 1 / NUM_MICROBATCHES",
         f"schedule = {cls}(",
-        f"{INDENT}{stage_arg}, n_microbatches=NUM_MICROBATCHES, loss_fn=meshplan.zoo.loss_fn)",
-        "model = torch.nn.ModuleList(stage_modules)  # this rank's parameters, for the optimizer",
+        f"{INDENT}{stage_arg}, n_microbatches=NUM_MICROBATCHES, loss_fn=token_cross_entropy)",
     ]
 
 
@@ -54,65 +57,14 @@ def guarded(step: Step, indices: tuple[int, ...] | None, lines: list[str]) -> li
         layers = str(indices) if not contiguous else f"range({indices[-1] + 1})" if indices[0] == 0 else (
             f"range({indices[0]}, {indices[-1] + 1})")
         return [f"for i in held(model, {layers}):"] + [INDENT + line for line in lines]
-    top = module.partition(".")[0]
-    if top and not isinstance(step, SplitPipeline):
-        safe.name(top, "the top-level module of a step under pipeline parallelism")
-        return [f"if model.{top} is not None:  # only the {_WHERE.get(top, 'stage that holds it')}"] + [
-            INDENT + line for line in lines]
+    if module and not isinstance(step, SplitPipeline):
+        return [f'if holds(model, "{module}"):  # only the stage that holds it'] + [INDENT + line for line in lines]
     return lines
 
 
-_WHERE = {"embed": "first stage embeds", "norm": "last stage normalizes", "output": "last stage projects"}
-
-STAGE_MODULE = '''
-
-class StageLayers(torch.nn.ModuleDict):
-    """The blocks a pipeline stage holds, under their index in the whole model: layers[5] stays block 5."""
-
-    def __getitem__(self, index):
-        return super().__getitem__(str(index))
-
-    def __setitem__(self, index, module):
-        super().__setitem__(str(index), module)
-
-    def __contains__(self, index):
-        return super().__contains__(str(index))
-
-
-class StageModule(torch.nn.Module):
-    """Layers [first, last) of the model; the first stage also embeds, the last also normalizes and
-    projects (a first or last stage may hold no layer: the embedding or the head alone, so say which
-    stage it is with embeds/projects). Parameters keep the whole model's names ("layers.5.attn.wq.weight")."""
-
-    def __init__(self, model: torch.nn.Module, first: int, last: int, *, embeds: bool | None = None,
-                 projects: bool | None = None) -> None:
-        super().__init__()
-        whole = len(model.layers)
-        embeds = first == 0 if embeds is None else embeds
-        projects = last == whole if projects is None else projects
-        self.embed = model.embed if embeds else None
-        self.layers = StageLayers({{str(i): model.layers[i] for i in range(first, last)}})
-        self.norm = model.norm if projects else None
-        self.output = model.output if projects else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)  # (b, s) tokens -> (b, s, h)
-        for layer in self.layers.values():
-            x = layer(x)
-        if self.output is not None:
-            x = self.output(self.norm(x))  # (b, s, h) -> (b, s, vocab)
-        return x
-
-
-def held(model: StageModule, layers) -> list[int]:
-    """The layers among ``layers`` that this pipeline stage holds."""
-    return [i for i in layers if i in model.layers]
-'''
-
 MAIN_MODEL = '''
     torch.manual_seed(args.seed)  # every rank builds the same initial weights, then keeps its stages
-    model = meshplan.zoo.build_from_config(MODEL_CONFIG).to(device)
+{build}
 {pipeline}
 '''
 
@@ -139,9 +91,11 @@ LOOP = '''
 
 def script_parts(program: Program, pipeline_lines: list[str]) -> SimpleNamespace:
     """``codegen.script``'s templates with the pipelined model setup and training loop."""
+    from .model_source import build_lines
+
     parts = SimpleNamespace(**{name: getattr(script, name) for name in dir(script) if name.isupper()})
-    parts.DATA = STAGE_MODULE.format() + script.DATA
-    parts.MAIN_MODEL = MAIN_MODEL.format(pipeline="\n".join(INDENT + line for line in pipeline_lines))
+    parts.MAIN_MODEL = MAIN_MODEL.format(build="\n".join(INDENT + line for line in build_lines(program)),
+                                         pipeline="\n".join(INDENT + line for line in pipeline_lines))
     parts.LOOP = LOOP
     return parts
 
@@ -152,4 +106,5 @@ def schedule_import(program: Program) -> list[str]:
     if split is None:
         return []
     cls = safe.name(SCHEDULE_CLASSES[split.schedule][0], "the pipeline schedule class")
-    return [f"from torch.distributed.pipelining import PipelineStage, {cls}"]
+    return [f"from torch.distributed.pipelining import PipelineStage, {cls}", "",
+            "from meshplan.runtime.pipeline import LocalStages, Stage, held, holds"]

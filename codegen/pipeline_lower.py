@@ -21,11 +21,10 @@ placement), the layout the plan's stage boundaries assume (ZB-V's "v" placement 
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
-from ..ir import InvalidPlanError, Plan, Schedule
-from .program import DataParallel, FullyShard, SplitPipeline, Step, TensorParallel, TPStyle
+from ..ir import InvalidPlanError, ModelStructure, Plan, Schedule
+from .program import DataParallel, FullyShard, SplitPipeline, Step, TensorParallel
 
 # schedule -> (torch.distributed.pipelining class, takes a list of stages)
 SCHEDULE_CLASSES: dict[Schedule, tuple[str, bool]] = {
@@ -43,6 +42,10 @@ def check_pipeline(plan: Plan, cfg: dict[str, Any]) -> None:
     if covered != layers:
         raise InvalidPlanError(f"plan.stages cover {covered} layers but the model has {layers}; "
                                f"give {pp * plan.vp} stages that end at layer {layers}")
+    if plan.stages[0][1] == 0 and plan.sequence_parallel and plan.mesh.tp > 1 and not cfg.get("zoo", True):
+        raise InvalidPlanError("the first pipeline stage holds the embedding alone, so the next stage starts at block 0 "
+                               "from the sequence-sharded stream, and this model's forward would build its position "
+                               "tables from that shorter stream; give the first stage a block, or plan without sp")
     if plan.schedule == Schedule.ONE_F_ONE_B and n < pp:
         raise InvalidPlanError(f"schedule 1f1b needs num_microbatches({n}) >= pp({pp}) (every stage starts a "
                                f"micro-batch before the first backward); use at least {pp} micro-batches or gpipe")
@@ -64,10 +67,29 @@ def check_pipeline(plan: Plan, cfg: dict[str, Any]) -> None:
                                "use zero_stage 0 (HSDP with a shard group of 1) or 2")
 
 
-def pipelined(plan: Plan, steps: list[Step]) -> list[Step]:
+def pipeline_blockers(s: ModelStructure) -> str:
+    """Why the pipeline split (``runtime.pipeline``) cannot cut this model's modules ("" when it can): it
+    needs the blocks, and an embedding and a head that one stage each holds alone."""
+    if not s.num_blocks:
+        return "no repeated blocks (a ModuleList or ModuleDict of alike layers) were found to split between stages"
+    if not s.embed or not s.head:
+        return "no token embedding or output head was found for the first and last stages to hold"
+    if s.tied_head:
+        return (f"the output head {s.head!r} is tied to the embedding {s.embed!r}: one parameter cannot live on the "
+                "first and the last stage")
+    return ""
+
+
+def pipelined(plan: Plan, steps: list[Step], s: ModelStructure) -> list[Step]:
     """The plain Program's steps made pipelined: SplitPipeline right after BuildMesh, the root's
-    tensor-parallel styles split by top-level module, data parallelism as the schedule needs it."""
-    split = SplitPipeline(stages=plan.stages, schedule=plan.schedule, vp=plan.vp)
+    tensor-parallel styles one step per module (a stage holds the embedding only if it is first, the
+    head only if last), data parallelism as the schedule needs it."""
+    sp = plan.sequence_parallel and plan.mesh.tp > 1
+    split = SplitPipeline(stages=plan.stages, schedule=plan.schedule, vp=plan.vp, blocks=s.blocks,
+                          first_parts=tuple(p for p in (s.embed, s.pos_embed) if p),
+                          last_parts=tuple(p for p in (s.final_norm, s.head) if p),
+                          seq_factor=plan.mesh.tp if sp else 1,
+                          call_kwargs=(("use_cache", False),) if plan.source.get("kind") == "hf" else ())
     out: list[Step] = [steps[0], split]
     for step in steps[1:]:
         if isinstance(step, TensorParallel) and step.module == "":
@@ -76,7 +98,7 @@ def pipelined(plan: Plan, steps: list[Step]) -> list[Step]:
             # DDP breaks under pipelining (see check_pipeline); FSDP2 in HSDP form with a shard
             # group of 1 is plain DP, its gradient all-reduce driven by the schedule (as lower does
             # for plain DP with TP: blocks, then the root)
-            out += [FullyShard(module=f"layers.{i}", mesh_axes=("dp", "dp_shard"), reshard_after_forward=False)
+            out += [FullyShard(module=s.block_path(i), mesh_axes=("dp", "dp_shard"), reshard_after_forward=False)
                     for i in range(plan.stages[-1][1])]
             out.append(FullyShard(module="", mesh_axes=("dp", "dp_shard"), reshard_after_forward=False))
         else:
@@ -90,10 +112,7 @@ def hsdp_for_plain_dp(plan: Plan) -> bool:
 
 
 def split_root_styles(step: TensorParallel) -> list[TensorParallel]:
-    """``TensorParallel(root, {"embed.tok": a, "embed": b, "norm": c})`` -> one step per top-level
-    module (``embed: {"tok": a, "": b}``, ``norm: {"": c}``), in the order the styles came."""
-    groups: dict[str, list[tuple[str, TPStyle]]] = defaultdict(list)
-    for path, style in step.plan:
-        top, _, rest = path.partition(".")
-        groups[top].append((rest, style))
-    return [TensorParallel(module=top, plan=tuple(styles), mesh_axis=step.mesh_axis) for top, styles in groups.items()]
+    """``TensorParallel(root, {"embed.tok": a, "embed": b, "norm": c})`` -> one step per module
+    (``embed.tok: {"": a}``, ``embed: {"": b}``, ``norm: {"": c}``), in the order the styles came: each
+    runs on the stage that holds its module whole (``runtime.pipeline.holds``)."""
+    return [TensorParallel(module=path, plan=(("", style),), mesh_axis=step.mesh_axis) for path, style in step.plan]

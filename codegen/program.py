@@ -203,10 +203,22 @@ class SplitPipeline:
     schedule: Schedule
     vp: int = 1
     mesh_axis: str = "pp"
+    # where the parts are in the model (``ir.ModelStructure`` paths): the block container, what only the
+    # first stage holds (token and position embedding), what only the last holds (final norm, head)
+    blocks: str = "layers"
+    first_parts: tuple[str, ...] = ("embed",)
+    last_parts: tuple[str, ...] = ("norm", "output")
+    # a later stage's input is the residual stream, sequence-sharded under sequence parallelism: the
+    # model's own forward (rotary tables, masks) sees ``seq_factor`` times its local length
+    seq_factor: int = 1
+    call_kwargs: tuple[tuple[str, bool], ...] = ()  # keywords the model is called with (HF: use_cache=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", Schedule(self.schedule))
         object.__setattr__(self, "stages", tuple((int(a), int(b)) for a, b in self.stages))
+        object.__setattr__(self, "first_parts", tuple(self.first_parts))
+        object.__setattr__(self, "last_parts", tuple(self.last_parts))
+        object.__setattr__(self, "call_kwargs", tuple((str(k), bool(v)) for k, v in self.call_kwargs))
         if self.vp < 1 or len(self.stages) < 2 or len(self.stages) % self.vp:
             raise InvalidPlanError(f"SplitPipeline: {len(self.stages)} stages do not split into pp ranks of "
                                    f"vp({self.vp}) stages each (at least 2 stages)")
@@ -219,6 +231,11 @@ class SplitPipeline:
     @property
     def pp_size(self) -> int:
         return len(self.stages) // self.vp
+
+    def stage_parts(self) -> dict[str, Any]:
+        """``runtime.pipeline.Stage``'s keyword arguments that every stage shares (emitted scripts print them)."""
+        return {"blocks": self.blocks, "num_blocks": self.stages[-1][1], "first_parts": self.first_parts,
+                "last_parts": self.last_parts, "seq_factor": self.seq_factor, "call_kwargs": dict(self.call_kwargs)}
 
 
 EXPERT_AXES = ("edp", "ep")  # axes only the expert mesh has; a FullyShard over them shards on that mesh
@@ -366,6 +383,8 @@ class Program:
         in order, once each; the root ("") is left out."""
         paths: dict[str, None] = {}
         for step in self.steps:
+            if isinstance(step, SplitPipeline):
+                paths.update(dict.fromkeys((step.blocks, *step.first_parts, *step.last_parts)))
             base = getattr(step, "module", None)
             if base is None:
                 continue

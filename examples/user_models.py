@@ -178,9 +178,9 @@ def titan_llama(**sizes: int) -> TitanLlama:
 
 
 def hf_llama_config(**overrides) -> dict:
-    return dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-                **overrides)
+    return dict(dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                     tie_word_embeddings=False), **overrides)
 
 
 def hf_gpt2_config(**overrides) -> dict:

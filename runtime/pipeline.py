@@ -1,15 +1,32 @@
 """Pipeline parallelism in-process: keep this rank's stages of the model and run them with a
 ``torch.distributed.pipelining`` schedule.
 
-Every rank builds the whole model from the same seed; ``SplitPipeline`` then keeps the stages of
-this pp rank (stage ``c`` on rank ``c % pp``), as torchtitan's ``pipeline_module_split`` does. A
-``StageModule`` runs ``embed? -> layers[first:last] -> norm? / output?`` and keeps the whole
-model's parameter names (``layers.5.attn.wq.weight``), so parameters compare with a single-process
-run and checkpoints do not depend on the plan. Later steps (TP, recompute, FSDP/DDP) apply to the
-stage that holds the module they name (``run_on_stages``).
+A stage is the user's own model with the parts other stages hold taken out (``Stage``), and runs the
+model's own forward: whatever that forward computes besides its blocks (Hugging Face's rotary tables
+and causal mask, a learned position embedding) it computes on every stage, so no model needs to be
+rewritten into stages. The split reads only ``SplitPipeline``'s paths (from ``plan.structure``):
+the block container, the parts only the first stage holds (token and position embedding) and those
+only the last holds (final norm, output head). In a stage holding blocks ``[first, last)``:
 
-One training step (``run_schedule``): the schedule splits this dp rank's batch into
-``num_microbatches``, runs them through the stages with the loss on the last stage, sums the
+    the token embedding, on a later stage   ``EmptyEmbedding``: zeros of the stream's shape, never read;
+                                            ``Handoff`` (the activation the previous stage sent) on the
+                                            stage that holds block 0 when the first held the embedding alone
+    a position embedding, likewise          ``NoPosition``: adds a zero
+    blocks before ``first``                 ``PassBlock``: hands on the activation the previous stage sent
+    block ``last``, on a stage before the last   ``StopBlock``: ends the forward, returning its input
+                                            (the final norm, when that stage ends with the final block)
+    the final norm and head, likewise       ``Absent`` (never reached)
+
+The stage modules share the user's modules (a block lives in exactly one stage) and copy only the
+modules on the way to a replaced part (the root, ``model``, the container), so each stage's
+parameters keep the whole model's names (``model.layers.5.self_attn.q_proj.weight``): parameters
+compare with a single-process run and checkpoints do not depend on the plan. torchtitan splits
+models it wrote to accept missing parts (``pipeline_module_split``); this split takes any model
+whose forward passes the residual stream from block to block, and checks that it does.
+
+Later steps (TP, recompute, FSDP/DDP) apply to the stage that holds the module they name
+(``run_on_stages``). One training step (``run_schedule``): the schedule splits this dp rank's batch
+into ``num_microbatches``, runs them through the stages with the loss on the last stage, sums the
 micro-batch losses' gradients and scales them by ``1 / num_microbatches`` (``scale_grads``): the
 gradient of the mean loss over the rank's batch, as the plain loop's ``loss / n`` gives.
 """
@@ -28,49 +45,192 @@ from torch.nn.parallel import DistributedDataParallel
 from ..codegen import Program, SplitPipeline
 from ..codegen.pipeline_lower import SCHEDULE_CLASSES
 from ..ir import InvalidPlanError
-
-PARTS = ("embed", "layers", "norm", "output")
-
-
-class StageLayers(nn.ModuleDict):
-    """The blocks a stage holds, under their index in the whole model: ``layers[5]`` stays block 5."""
-
-    def __getitem__(self, index: int | str) -> nn.Module:
-        return super().__getitem__(str(index))
-
-    def __setitem__(self, index: int | str, module: nn.Module) -> None:
-        super().__setitem__(str(index), module)
-
-    def __contains__(self, index: object) -> bool:
-        return super().__contains__(str(index))
+from .materialize import INIT_ATTR
 
 
-class StageModule(nn.Module):
-    """Layers ``[first, last)`` of a transformer with ``embed``, ``layers``, ``norm`` and ``output``;
-    the first stage also embeds, the last also normalizes and projects. ``None`` where another
-    stage holds the part. The modules are the model's own (moved, not copied)."""
+class StageDone(Exception):
+    """Raised by ``StopBlock`` to end a stage's forward with the stream as the next stage takes it."""
 
-    def __init__(self, model: nn.Module, first: int, last: int, *, embeds: bool | None = None,
-                 projects: bool | None = None) -> None:
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__("pipeline stage done")
+        self.hidden = hidden
+
+
+class Absent(nn.Module):
+    """Where another pipeline stage holds the part; holds no parameter. Running it is a bug."""
+
+    def __init__(self, path: str) -> None:
         super().__init__()
-        whole = len(model.layers)
-        # a first or last chunk may hold no layer (the embedding or the head alone; solver/stages.py),
-        # so [0, 0) then [0, 1) must not both embed: the split says which chunk is first and last
-        embeds = first == 0 if embeds is None else embeds
-        projects = last == whole if projects is None else projects
-        self.embed = model.embed if embeds else None
-        self.layers = StageLayers({str(i): model.layers[i] for i in range(first, last)})
-        self.norm = model.norm if projects else None
-        self.output = model.output if projects else None
+        self.path = path
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"pipeline stage ran {self.path!r}, which another stage holds")
+
+
+class EmptyEmbedding(Absent):
+    """An embedding on a stage after the first: zeros of the shape it would give (``ids.shape + (dim,)``), so
+    the model's forward can build what it builds from the embedded sequence (masks, rotary tables); the
+    first block this stage holds takes the activation the previous stage sent instead."""
+
+    def __init__(self, path: str, embedding: nn.Module) -> None:
+        super().__init__(path)
+        weight = getattr(embedding, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise InvalidPlanError(f"pipeline parallelism: {path!r} ({type(embedding).__name__}) has no 2-D weight; "
+                                   "the split replaces the embeddings on later stages by zeros of their output shape")
+        self.dim, self.dtype = int(weight.shape[1]), weight.dtype
+
+    def forward(self, ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*ids.shape, self.dim, dtype=self.dtype, device=ids.device)
+
+
+class Handoff(Absent):
+    """The token embedding on a stage that holds block 0 but not the embedding (the first stage held the
+    embedding alone, as Megatron's uneven layouts do): the activation the previous stage sent."""
+
+    def __init__(self, path: str, stage: "Stage") -> None:
+        super().__init__(path)
+        object.__setattr__(self, "_stage", stage)  # not a submodule: the stage holds this one
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._stage.incoming
+
+
+class NoPosition(Absent):
+    """A position embedding another stage holds: adds nothing (a zero that broadcasts to any stream shape)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.get_default_dtype())
+
+
+class PassBlock(Absent):
+    """A block before this stage's first: returns the activation the previous stage sent."""
+
+    def __init__(self, path: str, stage: "Stage") -> None:
+        super().__init__(path)
+        object.__setattr__(self, "_stage", stage)  # not a submodule: the stage holds this block
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._stage.incoming
+
+
+class StopBlock(Absent):
+    """The block after this stage's last: ends the stage's forward with the stream it would have taken."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise StageDone(_stream_arg(args, kwargs))
+
+
+def _stream_arg(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A block's input stream: its first positional argument, or its first tensor keyword argument."""
+    return args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+
+
+def _own(node: nn.Module) -> nn.Module:
+    """A copy of ``node`` whose module, parameter, buffer and hook tables are its own (their entries shared):
+    replacing a child of the copy leaves ``node`` as it was."""
+    twin = object.__new__(type(node))
+    twin.__dict__.update({k: (v.copy() if isinstance(v, dict) else v) for k, v in node.__dict__.items()})
+    return twin
+
+
+def _put(root: nn.Module, path: str, module: nn.Module, owned: set[int]) -> nn.Module:
+    """``root`` (copied on its first change) with the submodule at ``path`` replaced by ``module``; the nodes
+    on the way are copied once each (``owned`` holds the copies), every other module is shared."""
+    if id(root) not in owned:
+        root = _own(root)
+        owned.add(id(root))
+    node, names = root, path.split(".")
+    for part in names[:-1]:
+        child = node._modules[part]
+        if id(child) not in owned:
+            child = _own(child)
+            owned.add(id(child))
+            node._modules[part] = child
+        node = child
+    node._modules[names[-1]] = module
+    return root
+
+
+def _get(root: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+class Stage(nn.Module):
+    """Blocks ``[first, last)`` of the model, run through the model's own forward (module docstring).
+
+    Its module tables are those of a copy of the model's root with the other stages' parts replaced, so
+    it holds its parameters under the whole model's names. ``forward(x)``: token ids on the first stage,
+    the stream from the previous stage on the others; returns the stream for the next stage, or the
+    logits on the last."""
+
+    def __init__(self, model: nn.Module, first: int, last: int, *, blocks: str, num_blocks: int,
+                 first_parts: tuple[str, ...], last_parts: tuple[str, ...], embeds: bool, projects: bool,
+                 seq_factor: int = 1, call_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        owned: set[int] = set()
+        root = model
+        for i in [*range(first), *range(last, num_blocks)]:
+            path = f"{blocks}.{i}"
+            stand_in = (PassBlock(path, self) if i < first else
+                        StopBlock(path) if i == last and not projects else Absent(path))
+            root = _put(root, path, stand_in, owned)
+        for k, path in enumerate(first_parts if not embeds else ()):  # the token embedding, then positions
+            stand_in = (NoPosition(path) if k else Handoff(path, self) if first == 0 else
+                        EmptyEmbedding(path, model.get_submodule(path)))
+            root = _put(root, path, stand_in, owned)
+        for k, path in enumerate(last_parts if not projects else ()):  # the final norm, then the head
+            # a stage before the last that ends with the final block stops at the final norm's input
+            stand_in = StopBlock(path) if k == 0 and last == num_blocks else Absent(path)
+            root = _put(root, path, stand_in, owned)
+        object.__setattr__(self, "_root", root)  # the model's forward runs on this copy (not a submodule)
+        self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
+        if hasattr(model, INIT_ATTR):  # a meta-built model: how to fill what this stage holds
+            object.__setattr__(self, INIT_ATTR, getattr(model, INIT_ATTR))
+        self.first, self.last, self.embeds, self.projects = first, last, embeds, projects
+        self.parts = (blocks, tuple(first_parts), tuple(last_parts))
+        self.seq_factor, self.call_kwargs = seq_factor, dict(call_kwargs or {})
+        self.incoming: torch.Tensor | None = None
+        if not embeds and first < last:
+            block = self.get_submodule(f"{blocks}.{first}")
+            block.register_forward_pre_hook(self._check_handoff, with_kwargs=True)
+
+    def _check_handoff(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The first block held takes the activation the previous stage sent, as it is: a model that
+        changes what its blocks return on the way to the next block cannot be split between blocks."""
+        if self.incoming is None:  # recomputation in backward, after the forward handed off
+            return
+        got, sent = _stream_arg(args, kwargs), self.incoming
+        # FSDP2's pre-forward hands a block its inputs through an autograd function (a view of the same
+        # storage), and a learned position embedding another stage holds adds a zero: the same values
+        if not isinstance(got, torch.Tensor) or got.shape != sent.shape or (
+                got.data_ptr() != sent.data_ptr() and not torch.equal(got, sent)):
+            raise InvalidPlanError(
+                f"pipeline parallelism: block {self.first} of the model does not take the previous block's output "
+                "unchanged (the model's forward transforms it between blocks); plan this model with pp=1")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)  # (b, s) tokens -> (b, s, h)
-        for layer in self.layers.values():
-            x = layer(x)
-        if self.output is not None:
-            x = self.output(self.norm(x))  # (b, s, h) -> (b, s, vocab)
-        return x
+        from .planned import logits_of
+
+        if self.embeds:
+            ids = x
+        else:  # the model's forward builds its tables for the whole sequence the stream stands for
+            self.incoming = x
+            ids = torch.zeros(x.shape[0], x.shape[1] * self.seq_factor, dtype=torch.long, device=x.device)
+        try:
+            out = self._root(ids, **self.call_kwargs)
+        except StageDone as done:
+            return done.hidden
+        finally:
+            self.incoming = None
+        if not self.projects:
+            raise InvalidPlanError("pipeline parallelism: a stage before the last ran the model's whole forward "
+                                   "without reaching the next stage's first block; the model does not run its "
+                                   "blocks in order")
+        return logits_of(out)
 
 
 class LocalStages(nn.Module):
@@ -79,13 +239,26 @@ class LocalStages(nn.Module):
 
     def __init__(self, stages: list[nn.Module]) -> None:
         super().__init__()
-        self.layers = StageLayers()
-        for stage in stages:
-            inner = stage.module if isinstance(stage, DistributedDataParallel) else stage
-            for name in ("embed", "norm", "output"):
-                if getattr(inner, name) is not None:
-                    setattr(self, name, getattr(inner, name))
-            self.layers.update(inner.layers)
+        inner = [s.module if isinstance(s, DistributedDataParallel) else s for s in stages]
+        owned: set[int] = set()
+        root = inner[0]
+        for stage in inner[1:]:  # the other stages' parts, into a copy of the first one's tree
+            blocks, first_parts, last_parts = stage.parts
+            paths = [f"{blocks}.{i}" for i in range(stage.first, stage.last)]
+            paths += list(first_parts) * stage.embeds + list(last_parts) * stage.projects
+            for path in paths:
+                root = _put(root, path, stage.get_submodule(path), owned)
+        self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
+        object.__setattr__(self, "_stages", inner)
+        if hasattr(inner[0], INIT_ATTR):
+            object.__setattr__(self, INIT_ATTR, getattr(inner[0], INIT_ATTR))
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "LocalStages":
+        """``to_empty``/``to`` go through each stage: a stage FSDP2 shards re-points its sharded
+        parameters in its own ``_apply`` (``FSDPModule._apply``), which this view alone would skip."""
+        for stage in self._stages:
+            stage._apply(fn, recurse)
+        return self
 
     def forward(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a pipelined model runs through its schedule: call PlannedModule.step, "
@@ -109,25 +282,51 @@ class Pipeline:
 
 def split_pipeline(step: SplitPipeline, state: Any) -> None:
     """The ``SplitPipeline`` executor: keep this pp rank's stages of ``state.model``."""
-    missing = [name for name in PARTS if not hasattr(state.model, name)]
-    if missing:
-        raise InvalidPlanError(f"pipeline parallelism splits a model with {PARTS} attributes, but "
-                               f"{type(state.model).__name__} lacks {missing}; build it from plan.model")
+    model = state.model
+    for path in (step.blocks, *step.first_parts, *step.last_parts):
+        if _get(model, path) is None:
+            raise InvalidPlanError(f"pipeline parallelism splits the model at {path!r}, but {type(model).__name__} "
+                                   "has no such module; plan this model (meshplan reads its structure), or pp=1")
+    _check_parts(model, step)
     pp_rank = state.mesh.get_local_rank(step.mesh_axis)
     ids = tuple(range(pp_rank, len(step.stages), step.pp_size))
     last = len(step.stages) - 1
-    modules = [StageModule(state.model, *step.stages[c], embeds=c == 0, projects=c == last) for c in ids]
+    modules = [Stage(model, *step.stages[c], **step.stage_parts(), embeds=c == 0, projects=c == last) for c in ids]
     state.pipeline = Pipeline(split=step, stage_ids=ids, modules=modules, group=state.mesh[step.mesh_axis].get_group())
     state.model = LocalStages(modules)
 
 
+def held(stage: Stage, layers: Any) -> list[int]:
+    """The blocks among ``layers`` that ``stage`` holds (the emitted script's per-block loops)."""
+    return [i for i in layers if stage.first <= i < stage.last]
+
+
+def _check_parts(model: nn.Module, step: SplitPipeline) -> None:
+    """Every parameter belongs to a block, an embedding, the final norm or the head, so that exactly one
+    stage holds it; a parameter elsewhere (a root-level scale) or shared across stages (a head tied to
+    the embedding) is refused by name."""
+    parts = [f"{step.blocks}.{i}" for i in range(step.stages[-1][1])]
+    stage_of = {p: "first" for p in step.first_parts} | {p: "last" for p in step.last_parts}
+    owners: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        part = next((p for p in [*parts, *stage_of] if name.startswith(p + ".")), None)
+        if part is None:
+            raise InvalidPlanError(f"pipeline parallelism: parameter {name!r} is outside the blocks, embeddings, final "
+                                   "norm and head, so no one stage can hold it; plan this model with pp=1")
+        other = owners.setdefault(id(param), part)
+        if other != part and (stage_of.get(other) is None or stage_of.get(other) != stage_of.get(part)):
+            raise InvalidPlanError(f"pipeline parallelism: parameter {name!r} is the same tensor as one in {other!r} "
+                                   "(a head tied to the embedding), which another stage holds; plan with pp=1")
+
+
 def holds(module: nn.Module, path: str) -> bool:
-    """Whether ``module`` (a stage) holds the submodule at ``path`` (``""``: itself)."""
-    try:
-        module.get_submodule(path)
-    except AttributeError:
+    """Whether ``module`` (a stage) holds the submodule at ``path`` (``""``: itself): present, and neither a
+    stand-in for another stage's part nor a module with one inside (the zoo's ``embed``, whose token table
+    another stage holds)."""
+    found = _get(module, path)
+    if found is None or isinstance(found, Absent):
         return False
-    return True
+    return path == "" or not any(isinstance(m, Absent) for m in found.modules())
 
 
 def run_on_stages(step: Any, state: Any, executor: Callable[[Any, Any], None]) -> None:

@@ -16,7 +16,7 @@ from test_codegen_run import _losses, _reference
 
 from meshplan import ir, zoo
 from meshplan.codegen import FullyShard, SplitPipeline, StyleKind, TensorParallel, emit_source, lower
-from meshplan.runtime.pipeline import StageModule
+from meshplan.runtime.pipeline import Absent, Stage, held, holds
 
 
 def pipelined(family: str = "llama", *, pp: int = 2, schedule: str = "1f1b", vp: int = 1, stages=None,
@@ -31,15 +31,17 @@ def pipelined(family: str = "llama", *, pp: int = 2, schedule: str = "1f1b", vp:
 def test_split_first_then_tp_recompute_fsdp_per_stage_part() -> None:
     program = lower(pipelined("gpt", dp=2, tp=2, zero=3, sp=True, recompute=("full", "none", "none", "selective")))
     assert program.mesh.dims == (("pp", 2), ("dp", 2), ("tp", 2))
-    assert program.kinds() == ("BuildMesh", "SplitPipeline") + ("TensorParallel",) * 7 + ("Recompute",) * 2 + (
+    assert program.kinds() == ("BuildMesh", "SplitPipeline") + ("TensorParallel",) * 8 + ("Recompute",) * 2 + (
         "FullyShard",) * 5
     split = program.steps[1]
-    assert split == SplitPipeline(stages=((0, 2), (2, 4)), schedule="1f1b", vp=1) and split.pp_size == 2
-    parts = {s.module: dict(s.plan) for s in program.steps[2:5]}
-    assert list(parts) == ["embed", "norm", "output"]  # each runs only on the stage that holds it
-    assert parts["embed"]["tok"].kind == StyleKind.ROWWISE
-    assert parts["embed"][""].kind == StyleKind.PREPARE_OUTPUT  # gpt: R -> S(1) after adding positions
-    assert parts["norm"][""].kind == StyleKind.SEQUENCE_PARALLEL and str(parts["output"][""]) == "colwise(S(1) -> R)"
+    assert split == SplitPipeline(stages=((0, 2), (2, 4)), schedule="1f1b", vp=1, blocks="layers",
+                                  first_parts=("embed.tok", "embed.pos"), last_parts=("norm", "output"),
+                                  seq_factor=2) and split.pp_size == 2
+    parts = {s.module: dict(s.plan)[""] for s in program.steps[2:6]}
+    assert list(parts) == ["embed.tok", "embed", "norm", "output"]  # each runs only on the stage that holds it
+    assert parts["embed.tok"].kind == StyleKind.ROWWISE
+    assert parts["embed"].kind == StyleKind.PREPARE_OUTPUT  # gpt: R -> S(1) after adding positions
+    assert parts["norm"].kind == StyleKind.SEQUENCE_PARALLEL and str(parts["output"]) == "colwise(S(1) -> R)"
     shards = [s for s in program.steps if isinstance(s, FullyShard)]
     assert [s.reshard_after_forward for s in shards] == [True] * 4 + [False]
 
@@ -84,11 +86,14 @@ def test_script_builds_stages_and_the_schedule() -> None:
     assert 'mesh = init_device_mesh(device.type, (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))' in src
     assert "    stage_layers = ((0, 1), (1, 3), (3, 4), (4, 6))\n" in src
     assert "    stage_ids = range(pp_rank, len(stage_layers), 2)\n" in src
-    assert ("stage_modules = [parallelize(StageModule(model, *stage_layers[c], embeds=c == 0, "
-            "projects=c == last_stage),") in src
-    assert "        stages, n_microbatches=NUM_MICROBATCHES, loss_fn=meshplan.zoo.loss_fn)" in src
-    assert ("    if model.embed is not None:  # only the first stage embeds\n"
-            "        parallelize_module(model.embed") in src
+    assert ("stage_modules = [parallelize(Stage(model, *stage_layers[c], embeds=c == 0, "
+            "projects=c == last_stage,") in src
+    assert ('stage_parts = {"blocks": "layers", "num_blocks": 6, "first_parts": ("embed.tok",), '
+            '"last_parts": ("norm", "output"), "seq_factor": 2, "call_kwargs": {}}') in src
+    assert "model = materialized(LocalStages(stage_modules), mesh)" in src  # built on meta, each rank its shards
+    assert "        stages, n_microbatches=NUM_MICROBATCHES, loss_fn=token_cross_entropy)" in src
+    assert ('    if holds(model, "embed.tok"):  # only the stage that holds it\n'
+            "        parallelize_module(model.embed.tok") in src
     assert "    for i in held(model, range(6)):\n        parallelize_module(model.layers[i]" in src
     assert "    for i in held(model, (0,)):\n        model.layers[i] = checkpoint_wrapper(" in src
     assert "schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)" in src
@@ -96,16 +101,23 @@ def test_script_builds_stages_and_the_schedule() -> None:
     assert "ScheduleGPipe(\n        stages[0], n_microbatches" in single and "DistributedDataParallel" not in single
 
 
-def test_script_stage_module_is_the_runtimes() -> None:
-    """The emitted StageModule keeps the same modules under the same names as the runtime's."""
-    namespace: dict = {"__name__": "emitted"}
-    exec(compile(emit_source(pipelined("gpt", schedule="gpipe")), "emitted.py", "exec"), namespace)
+def test_stage_holds_its_blocks_under_the_whole_models_names() -> None:
+    """A stage is the model with the other stages' parts taken out: its own modules (shared, not copied),
+    the model's parameter names, and stand-ins (``Absent``) holding nothing where the others' parts are."""
     model = zoo.build("gpt-tiny")
-    for first, last in ((0, 1), (1, 3), (3, 4)):
-        ours, theirs = StageModule(model, first, last), namespace["StageModule"](model, first, last)
-        assert [(n, id(p)) for n, p in ours.named_parameters()] == [(n, id(p)) for n, p in theirs.named_parameters()]
-    assert next(iter(StageModule(model, 1, 3).named_parameters()))[0] == "layers.1.attn_norm.weight"
-    assert namespace["held"](namespace["StageModule"](model, 1, 3), range(4)) == [1, 2]
+    parts = dict(blocks="layers", num_blocks=4, first_parts=("embed.tok", "embed.pos"), last_parts=("norm", "output"))
+    first = Stage(model, 0, 1, embeds=True, projects=False, **parts)
+    middle = Stage(model, 1, 3, embeds=False, projects=False, **parts)
+    last = Stage(model, 3, 4, embeds=False, projects=True, **parts)
+    own = {id(p): n for n, p in model.named_parameters()}
+    names = [[n for n, _ in stage.named_parameters()] for stage in (first, middle, last)]
+    assert sorted(sum(names, [])) == sorted(own.values())  # each parameter on exactly one stage
+    assert all(own[id(p)] == n for stage in (first, middle, last) for n, p in stage.named_parameters())
+    assert names[1][0] == "layers.1.attn_norm.weight" and held(middle, range(4)) == [1, 2]
+    assert holds(first, "embed") and not holds(middle, "embed") and holds(last, "output")
+    assert isinstance(middle.get_submodule("layers.0"), Absent) and model.layers[0] is first.layers[0]
+    tokens = torch.randint(0, model.config.vocab, (2, 8))
+    torch.testing.assert_close(last(middle(first(tokens))), model(tokens))  # the model's own forward, in three
 
 
 @pytest.mark.slow

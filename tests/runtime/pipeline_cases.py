@@ -10,6 +10,7 @@ import torch
 
 from meshplan import ir, zoo
 from meshplan.runtime import apply
+from meshplan.runtime.pipeline import Absent, holds
 from meshplan.runtime.train import synthetic_batch
 from meshplan.solver.stages import bounds, megatron_counts
 from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, optimizer
@@ -43,8 +44,9 @@ def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, zero: int = 
 def _holdings(pm) -> dict[str, Any]:
     """What this rank holds: its stage ids, block indices, parameter elements, DTensors, wrappers."""
     params = list(pm.module.parameters())
-    return {"stage_ids": pm.pipeline.stage_ids, "layers": sorted(int(i) for i in pm.module.layers.keys()),
-            "parts": sorted(n for n in ("embed", "norm", "output") if hasattr(pm.module, n)),
+    return {"stage_ids": pm.pipeline.stage_ids,
+            "layers": [i for i, block in enumerate(pm.module.layers) if not isinstance(block, Absent)],
+            "parts": sorted(n for n in ("embed", "norm", "output") if holds(pm.module, n)),
             "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
             "dtensors": sum(hasattr(p, "to_local") for p in params),
             "checkpointed": sum("CheckpointWrapper" in type(m).__name__ for m in pm.module.modules()),

@@ -25,6 +25,8 @@ import user_model_cases  # noqa: E402
 import user_models  # noqa: E402
 
 HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()}
+# four blocks: two per pipeline stage, or one per virtual stage under interleaving
+HF_LLAMA_4 = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(num_hidden_layers=4)}
 HF_MIXTRAL = {"kind": "hf", "class": "MixtralForCausalLM", "config": user_models.hf_mixtral_config()}
 HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
@@ -51,6 +53,14 @@ def plans() -> dict[str, mp.Plan]:
             _plan(HF_LLAMA, dp=2, tp=2, zero=3, sp=True, micro_batch=4, num_microbatches=1), param_layouts={}),
         "hf llama zero3 dp4 full recompute": _plan(HF_LLAMA, dp=4, tp=1, zero=3, micro_batch=2,
                                                    num_microbatches=1, recompute="full"),
+        # pipeline stages cut from HF's own modules: rotary tables and mask rebuilt on each stage
+        "hf llama pp2 x dp2": _plan(HF_LLAMA_4, pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
+        # ... with the stream sequence-sharded between stages (the later stage's tables span tp x its length)
+        "hf llama pp2 x tp2 sp": dataclasses.replace(
+            _plan(HF_LLAMA_4, pp=2, dp=1, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=4), param_layouts={}),
+        # ... interleaved, two virtual stages per rank, ZeRO-3 and full recompute in each stage
+        "hf llama pp2 x dp2 vp2 zero3": _plan(HF_LLAMA_4, pp=2, dp=2, tp=1, zero=3, vp=2, micro_batch=1,
+                                              num_microbatches=4, recompute="full"),
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
@@ -80,7 +90,8 @@ def test_sources_are_recorded(plans) -> None:
 
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
                                   "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
-                                  "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2"])
+                                  "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2",
+                                  "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -110,6 +121,13 @@ def test_sequence_parallel_gathers_hf_attention_by_keyword(ranks) -> None:
     assert "self_attn: prepare_input(S(1) -> R)" in steps and "model.norm: sequence_parallel" in steps
 
 
+def test_pipeline_stages_are_cut_from_the_users_modules(plans, ranks) -> None:
+    """The pipeline split reads the traced structure: HF's container, embedding, final norm and head."""
+    steps = ranks[0]["hf llama pp2 x dp2"]["steps"]
+    assert "model.layers" in steps and "model.embed_tokens" in steps and "lm_head" in steps, steps
+    assert plans["hf llama pp2 x dp2 vp2 zero3"].stages == ((0, 1), (1, 2), (2, 3), (3, 4))
+
+
 def test_builder_named_by_the_plan_was_called(ranks) -> None:
     assert "nanogpt" in ranks[0]["nanogpt dp2 x tp2"]["built"]
 
@@ -134,16 +152,19 @@ def _torchrun_losses(script: Path, steps: int) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["hf llama dp2 x tp2 megatron split", "nanogpt dp2 x tp2"])
+@pytest.mark.parametrize("name", ["hf llama dp2 x tp2 megatron split", "nanogpt dp2 x tp2", "hf llama pp2 x dp2"])
 def test_emitted_script_builds_the_users_model(plans, name, tmp_path) -> None:
     """The script builds the model from the plan's source (transformers' class from the inline config, or
-    the user's builder), never a zoo stand-in, and trains it as one process does (AdamW, lr 1e-3)."""
+    the user's builder), never a zoo stand-in, and trains it as one process does (AdamW, lr 1e-3); a
+    pipelined one cuts its stages from that model (meshplan.runtime.pipeline.Stage)."""
     plan = plans[name]
     script = plan.emit(tmp_path / "train-user.py")
     text = script.read_text()
     assert "meshplan.zoo" not in text
     assert ('build_on_meta({"kind": "hf", "class": "LlamaForCausalLM", "config": HF_CONFIG}' in text
             if plan.source["kind"] == "hf" else "from user_models import nanogpt as build_user_model" in text)
+    if plan.mesh.pp > 1:
+        assert "Stage(model, *stage_layers[c]" in text and '"blocks": "model.layers"' in text
     losses = _torchrun_losses(script, steps=3)
     ref, _ = user_model_cases.reference(plan.source, plan.model["vocab"],
                                         lambda params: torch.optim.AdamW(params, lr=1e-3))
