@@ -200,11 +200,10 @@ def _meta_model(plan: "ir.Plan"):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """One process of ``meshplan run`` (under torchrun)."""
-    from .api import load
     from .runtime.materialize import build_on_meta
     from .runtime.train import options_of, run_training
 
-    plan = load(args.plan)
+    plan = ir.Plan.load(args.plan)  # not api.load: a worker has no use for the solver (ortools, 0.1 GB resident)
     # parameters on meta: each rank allocates only its shards, with the weights of a seeded whole build
     model = build_on_meta(plan.source or {"kind": "zoo", "config": plan.model}, args.seed)
     if args.checkpoint_dir or args.checkpoint_every or args.save_final:

@@ -1,13 +1,15 @@
 """The cost model's memory prediction against what the runtime really holds: a small GPT under many
-plans on 4 gloo processes.
+plans on 4 gloo processes, in fp32 and in bf16 mixed precision.
 
-    python bench/cpu_memory.py [--nproc 4]
+    python bench/cpu_memory.py [--nproc 4] [--dtypes float32,bfloat16]
 
-Every plan is built and applied with the real runtime (``runtime.apply``), stepped once (the
+Every plan is built as ``meshplan run`` builds it (on meta, ``runtime.materialize.build_on_meta``, each
+rank materializing only its shards), applied with the real runtime (``runtime.apply``), stepped once (the
 optimizer makes its state lazily), then stepped again, all under one memory profile
 (``runtime.memory.measure_plan_memory``): the bytes live when the measured step starts (resident:
 weights, gradients, optimizer state, DDP buckets, FSDP buffers) and the most live during it. The most loaded rank is compared with ``cost_model.estimate``'s
-``peak_memory_bytes`` on ``cpu:1x<nproc>``: the prediction must never be the smaller (an
+``peak_memory_bytes`` on ``cpu:1x<nproc>`` (``footprint.peak_memory``, what ``estimate`` reports: the
+CPU preset lists no bf16 FLOP/s, and memory needs none): the prediction must never be the smaller (an
 under-estimate is an out-of-memory risk on a real cluster). Memory does not depend on load, so
 unlike the time benchmark this one is not disturbed by other work on the machine.
 
@@ -17,6 +19,7 @@ asserts the same check on a few plans).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,9 +36,10 @@ def _worker(rank: int, world: int, port: int, plans_json: str, output: str, erro
     import torch
     import torch.distributed as dist
 
-    from meshplan import ir, zoo
+    from meshplan import ir
     from meshplan.codegen.lower import lower
     from meshplan.runtime import apply, init_distributed
+    from meshplan.runtime.materialize import build_on_meta
     from meshplan.runtime.memory import measure_plan_memory
     from meshplan.runtime.train import synthetic_batch
 
@@ -50,8 +54,7 @@ def _worker(rank: int, world: int, port: int, plans_json: str, output: str, erro
                 results[label] = {"skipped": str(exc)}
                 continue
             def setup(plan=plan):
-                torch.manual_seed(0)
-                pm = apply(plan, zoo.build_from_config(plan.model))
+                pm = apply(plan, build_on_meta({"kind": "zoo", "config": plan.model}, seed=0))
                 pm.step(*synthetic_batch(plan.model["vocab"], plan.global_batch, plan.seq_len, 0, 0))
                 return pm
 
@@ -78,35 +81,41 @@ def measure(plans: list[tuple[str, object]], nproc: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated plan dtypes to run each plan in")
     args = ap.parse_args(argv)
     from meshplan import zoo
-    from meshplan.cost_model import Cluster, estimate
+    from meshplan.cost_model.footprint import peak_memory
+    from meshplan.cost_model.pipeline import rank_layers
+    from meshplan.cost_model.summary import summary_of
     from meshplan.frontend import trace
 
     if args.nproc != 4:
         raise SystemExit("the plans here are for 4 processes; run with --nproc 4")
-    plans = build_plans(f"cpu:1x{args.nproc}")
+    dtypes = args.dtypes.split(",")
+    if not set(dtypes) <= {"float32", "bfloat16"}:
+        raise SystemExit(f"--dtypes takes float32 and bfloat16, got {args.dtypes!r}")
+    plans = [(label + ("" if dtype == "float32" else f", {dtype}"), dataclasses.replace(plan, dtype=dtype))
+             for dtype in dtypes for label, plan in build_plans(f"cpu:1x{args.nproc}")]
     measured = measure(plans, args.nproc)
-    graph = trace(zoo.build_from_config(MODEL), batch=1, seq_len=64)  # shapes are symbolic in b, s
-    cluster = Cluster.preset("cpu", gpus_per_node=args.nproc)
+    summary = summary_of(trace(zoo.build_from_config(MODEL), batch=1, seq_len=64))  # shapes symbolic in b, s
     mb = 1e6
-    print(f"{'plan':<28} {'resident':>9} {'in step':>8} {'measured':>9} {'predicted':>9} "
+    print(f"{'plan':<38} {'resident':>9} {'in step':>8} {'measured':>9} {'predicted':>9} "
           f"{'pred state':>10} {'pred act+buf':>12} {'ratio':>6}")
     ratios, under = [], []
     for label, plan in plans:
         got = measured[label]
         if "skipped" in got:
-            print(f"{label:<28} skipped: {got['skipped']}")
+            print(f"{label:<38} skipped: {got['skipped']}")
             continue
-        pred = estimate(graph, cluster, plan)
-        parts = pred.memory_bytes
+        parts = peak_memory(summary, plan, rank_layers(plan, MODEL["layers"]))
         state = parts["params"] + parts["grads"] + parts["optimizer"]
-        ratio = pred.peak_memory_bytes / got["peak"]
+        predicted = sum(parts.values())
+        ratio = predicted / got["peak"]
         ratios.append(ratio)
         if ratio < 1.0:
             under.append(label)
-        print(f"{label:<28} {got['resident'] / mb:9.2f} {got['in_step'] / mb:8.2f} {got['peak'] / mb:9.2f} "
-              f"{pred.peak_memory_bytes / mb:9.2f} {state / mb:10.2f} {(pred.peak_memory_bytes - state) / mb:12.2f} "
+        print(f"{label:<38} {got['resident'] / mb:9.2f} {got['in_step'] / mb:8.2f} {got['peak'] / mb:9.2f} "
+              f"{predicted / mb:9.2f} {state / mb:10.2f} {(predicted - state) / mb:12.2f} "
               f"{ratio:6.2f}{'  UNDER' if ratio < 1.0 else ''}")
     print(f"\nMB per rank (the most loaded); ratio = predicted / measured over {len(ratios)} plans: "
           f"min {min(ratios):.2f}, max {max(ratios):.2f}; under-estimates: {len(under)}"
