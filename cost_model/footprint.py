@@ -2,7 +2,9 @@
 
 For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amount)::
 
-    params + grads + optimizer   ZeRO over the dp*cp replicas (memory.state_bytes), dense and expert
+    params + grads + optimizer   ZeRO over the dp*cp replicas (memory.state_bytes), dense and expert;
+                                 fp32 ones under bf16 where the program keeps fp32 parameters as the
+                                 master weights (software.fp32_params: meshplan's runtime)
     activations                  sum over its layers of the per-layer bytes x micro-batches in flight
                                  (pipeline.inflight_microbatches), plus one layer rematerialized
                                  during the backward when it recomputes, plus on the last rank the
@@ -76,7 +78,7 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         total += 2 * act * d.top_k  # dispatch + combine
     if mesh.cp > 1:
         total += 2 * 2 * plan.micro_batch_size * plan.seq_len * kv_width(d) / mesh.tp * ab  # K,V and their grads
-    param_b, grad_b, _ = STATE_BYTES[plan.dtype]
+    param_b, grad_b = STATE_BYTES[plan.dtype][0], _unsharded_grad_bytes(plan.dtype, software)
     if mesh.pp > 1 and software.fsdp_under_pipeline and plan.zero_stage >= 2 and mesh.dp * mesh.cp > 1:
         # torch pipelining keeps FSDP2's gradients unsharded over the micro-batches, and ZeRO-3's
         # parameters gathered after the first backward, until its reduce after the schedule
@@ -88,8 +90,22 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
     elif plan.zero_stage == 0 and runs_fsdp(mesh, 0, software):
         total += dense_params * param_b + bucket_params * grad_b  # FSDP2's unsharded copy, held fwd -> bwd
     elif software.ddp_accumulation_copy and plan.num_microbatches > 1 and runs_ddp(mesh, plan.zero_stage):
-        total += dense_params * grad_b  # DDP's buckets beside the gradients accumulated under no_sync
+        # DDP's buckets beside the gradients accumulated under no_sync (the parameters' dtype: DDP reduces
+        # what autocast's backward leaves in param.grad)
+        total += dense_params * STATE_BYTES[_state_dtype(plan.dtype, software)][1]
     return total
+
+
+def _state_dtype(dtype: str, software: Software) -> str:
+    """The dtype whose bytes per parameter the model states take (``software.fp32_params``)."""
+    return "float32" if software.fp32_params else dtype
+
+
+def _unsharded_grad_bytes(dtype: str, software: Software) -> float:
+    """Bytes per parameter of a gathered unit's gradients before the reduce: under ``fp32_params`` with a
+    16-bit compute dtype, the gradient in that dtype and FSDP2's fp32 copy for the reduce-scatter."""
+    grad_b = STATE_BYTES[dtype][1]
+    return grad_b + 4.0 if software.fp32_params and dtype != "float32" else grad_b
 
 
 def _held_from_setup(plan: Plan, dense_params: float, software: Software) -> float:
@@ -98,7 +114,7 @@ def _held_from_setup(plan: Plan, dense_params: float, software: Software) -> flo
     (``_sync_module_states``), and gloo was seen to free the last one only after the first step."""
     if not (software.ddp_init_broadcast and runs_ddp(plan.mesh, plan.zero_stage)):
         return 0.0
-    return min(dense_params * STATE_BYTES[plan.dtype][0], DDP_BROADCAST_BUCKET_BYTES)
+    return min(dense_params * STATE_BYTES[_state_dtype(plan.dtype, software)][0], DDP_BROADCAST_BUCKET_BYTES)
 
 
 def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
@@ -108,12 +124,13 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims))
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
-    dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=plan.dtype)
-    expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=plan.dtype)
+    state_dtype = _state_dtype(plan.dtype, software)
+    dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=state_dtype)
+    expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     activations = _activations(summary, plan, layers, software)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
-    optimizer_temp = states["optimizer"] / STATE_BYTES[plan.dtype][2] * 4.0
+    optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
     buffers += _held_from_setup(plan, params.dense, software)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)

@@ -70,6 +70,14 @@ Fields:
   accumulated so far, a memory-bound pass over them (autograd's ``AccumulateGrad``; FSDP2 adds the
   reduce-scattered shard, or under torch pipelining the unsharded gradients); Megatron's gradient
   accumulation fusion writes them from the weight-gradient GEMM instead, at no extra pass.
+* ``fp32_params``: under bf16 the parameters stay fp32 and are themselves the master weights, and
+  their gradients are fp32 (4, 4, 8 bytes per parameter for params, grads, AdamW state): bf16 exists
+  only as FSDP2's gathered copy (``MixedPrecisionPolicy(param_dtype=bf16)``: "the sharded parameters
+  stay in their original dtype", the all-gather runs in bf16) and autocast's per-op casts (meshplan's
+  runtime, ``codegen/precision.py``); else Megatron's (2, 2, 12): bf16 parameters and gradients
+  beside fp32 master weights in the optimizer (``memory.STATE_BYTES``). FSDP2 casts each unsharded
+  bf16 gradient to the fp32 ``reduce_dtype`` before its reduce-scatter (``foreach_reduce``), so a
+  unit's gradients are held in both dtypes at once.
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
   ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
   each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
@@ -106,6 +114,7 @@ class Software:
     zero3_regather_recompute: bool = False
     zero_copy_buffers: bool = False
     vocab_parallel_loss: bool = True
+    fp32_params: bool = False
     dtensor_tp_styles: bool = False
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
@@ -130,7 +139,7 @@ class Software:
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
-                   ddp_init_broadcast=True, grad_accumulation_add=True)
+                   ddp_init_broadcast=True, grad_accumulation_add=True, fp32_params=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout

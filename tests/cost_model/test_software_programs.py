@@ -255,7 +255,7 @@ def test_torch_ddp_keeps_its_initial_broadcast_buffer(make_graph, make_plan, mak
     grew = (estimate(graph, cluster, plan).memory_bytes["buffers"]
             - estimate(graph, cluster, plan, software=without).memory_bytes["buffers"])
     allowance = 1.10  # footprint.ALLOCATOR_FRACTION on top
-    assert grew == pytest.approx(params * 2 * allowance, rel=0.01)  # bf16 parameters
+    assert grew == pytest.approx(params * 4 * allowance, rel=0.01)  # the fp32 parameters DDP wraps (autocast: bf16 per op)
     zero3 = make_plan(cfg, cluster, global_batch=8, seq_len=128, dp=8, zero=3)
     assert (estimate(graph, cluster, zero3).memory_bytes["buffers"]
             == estimate(graph, cluster, zero3, software=without).memory_bytes["buffers"])
