@@ -176,3 +176,15 @@ def test_run_refuses_a_plan_the_zoo_cannot_build_before_torchrun(tmp_path, capsy
     assert main(["run", str(tmp_path / "plan.json"), "--nproc", "1", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("meshplan: error: ") and message in err and "Traceback" not in err and "torchrun" not in err
+
+
+def test_emit_refuses_a_zoo_plan_whose_model_lost_a_field(tmp_path, capsys) -> None:
+    """Fuzz finding: a plan whose model lacked max_seq_len (renamed to a payload key) was emitted, although
+    the zoo model its source names has one; a field the plan's model lacks now disagrees with the zoo's."""
+    data = json.loads(json.dumps(SEEDS["gpt"]))
+    data["model"]["\\\"\"\"; __import__('os').system('touch PWNED')"] = data["model"].pop("max_seq_len")
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert main(["emit", str(tmp_path / "plan.json"), "-o", str(tmp_path / "train.py")]) == 2
+    err = capsys.readouterr().err
+    assert "plan.model.max_seq_len is 'missing' but the zoo model the source names has 128" in err
+    assert not (tmp_path / "train.py").exists() and not (tmp_path / fuzz_cases.MARKER).exists()
