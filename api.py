@@ -83,9 +83,10 @@ def check_zoo_layouts(plan: ir.Plan) -> None:
     cfg = source.get("config") or (zoo.config(source["name"]).to_dict() if source.get("name") else plan.model)
     known = {f.name for f in fields(zoo.ModelConfig)}
     zoo.ModelConfig.from_dict({k: v for k, v in cfg.items() if k in known})  # the zoo's rules (a moe has experts)
-    differ = sorted(k for k in known - {"name"} if k in cfg and k in plan.model and plan.model[k] != cfg[k])
+    differ = sorted(k for k in known - {"name"} if k in cfg and plan.model.get(k) != cfg[k])  # missing differs too
     if differ:
-        raise ir.InvalidPlanError(f"plan.model.{differ[0]} is {plan.model[differ[0]]!r:.40} but the zoo model the "
+        got = plan.model.get(differ[0], "missing")
+        raise ir.InvalidPlanError(f"plan.model.{differ[0]} is {got!r:.40} but the zoo model the "
                                   f"source names has {cfg[differ[0]]!r:.40}; the script builds the source's model, so "
                                   "re-plan it (meshplan plan)")
     if not plan.param_layouts:
