@@ -207,11 +207,8 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     module, source = model_and_source(model, model_kwargs)
     graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
     if not graph.dims.layers:
-        raise ir.UnsupportedModelError(
-            f"{type(module).__name__} has no repeated blocks (a ModuleList or ModuleDict of alike layers holding "
-            "the model's work): meshplan's cost model prices a model per block, from its family's formulas "
-            "(transformer blocks), and has no per-node cost path yet for a model without them; wrap the repeated "
-            "part of the model in an nn.ModuleList, or train it with plain DDP/FSDP")
+        return _blockless_plans(module, graph, source, cluster, global_batch=global_batch, seq_len=seq_len,
+                                fixed=fixed, dtype=dtype, time_limit_s=time_limit_s, top=top)
     config = model_config(module, graph, seq_len)
     if seq_len > config["max_seq_len"]:
         raise ir.PlanError(f"seq_len {seq_len} exceeds the model's max_seq_len {config['max_seq_len']}")
@@ -229,6 +226,27 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
     return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
                  for p in solver.solve(req, progress=progress))
+
+
+def _blockless_plans(module: torch.nn.Module, graph: ir.Graph, source: dict[str, Any], cluster: Cluster, *,
+                     global_batch: int, seq_len: int, fixed: dict[str, Any] | None, dtype: str | None,
+                     time_limit_s: float, top: int) -> tuple[Plan, ...]:
+    """A model without repeated blocks: data parallelism and ZeRO, priced node by node from its graph
+    (``solver.blockless``, ``cost_model.graph_cost``); the report says why nothing else is offered.
+    ``plan.model`` records the name, the family "custom", the parameter count and the sequence length:
+    the transformer sizes the frontend guessed (hidden, heads, vocab) mean nothing here."""
+    from .solver.blockless import solve_blockless
+
+    cfg = getattr(module, "config", None)
+    config = {"family": graph.dims.family, "name": str(getattr(cfg, "name_or_path", "") or type(module).__name__),
+              "params": graph.param_count, "max_seq_len": seq_len}
+    runtime, why_not = offered(graph.structure, zoo_modules=False)
+    dtype = dtype or ("bfloat16" if "bfloat16" in cluster.accelerator.peak_flops else "float32")
+    req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
+                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top, runtime=runtime)
+    structure = graph.structure or ir.ModelStructure()
+    found = {"source": source, "structure": replace(structure, notes=structure.notes + why_not).to_dict()}
+    return tuple(as_api_plan(replace(p, **found)) for p in solve_blockless(req, why_not))
 
 
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:

@@ -58,6 +58,8 @@ MAX_SOURCE_DEPTH, MAX_SOURCE_NODES = 16, 100_000  # an hf config or builder kwar
 
 CLUSTER_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(?::(\d+)x(\d+))?$", re.ASCII)  # as cost_model/catalog.py
 MODULE_PATH = r"^$|^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
+# a parameter's name: a root nn.Sequential or nn.ModuleList names its children by index ("0.weight")
+PARAM_PATH = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"
 PLACEMENT = r"^(R|P|S\(-?\d{1,2}\))$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]*$"
 PY_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -251,7 +253,7 @@ class PlanFile(_Strict):
     recompute: Annotated[list[Literal["none", "selective", "full"]], Field(max_length=MAX_LAYERS)] = []
     stages: Annotated[list[Annotated[list[_bounded_int(0, MAX_LAYERS)], Field(min_length=2, max_length=2)]],
                       Field(max_length=MAX_LAYERS)] = []
-    param_layouts: Annotated[dict[Annotated[str, Field(max_length=1000, pattern=MODULE_PATH)],
+    param_layouts: Annotated[dict[Annotated[str, Field(max_length=1000, pattern=PARAM_PATH)],
                                   Annotated[list[Placement], Field(min_length=5, max_length=5)]],
                              Field(max_length=MAX_PARAMS)] = {}
     fusions: Annotated[list[Literal[FUSION_NAMES]], Field(max_length=len(FUSION_NAMES))] = []  # type: ignore[valid-type]
@@ -340,6 +342,8 @@ def _invariants(p: PlanFile):
 _PATTERNS = {
     PLACEMENT: "a placement: S(dim), R or P",
     MODULE_PATH: "a module path such as layers.0.attn (letters, digits and _, joined by dots)",
+    PARAM_PATH: "a module path such as layers.0.attn.wq.weight, or 0.weight in a root nn.Sequential "
+                "(letters, digits and _, joined by dots)",
     BUILDER_TARGET: "'package.module:function'",
     PY_NAME: "a Python identifier",
     NAME: "a name of letters, digits, '.', '_' and '-'",

@@ -39,10 +39,12 @@ def test_hf_architecture_transformers_lacks_is_named() -> None:
         sources.build({"kind": "hf", "class": "NoSuchForCausalLM", "config": user_models.hf_llama_config()})
 
 
-def test_a_model_without_repeated_blocks_is_refused_with_the_reason() -> None:
-    with pytest.raises(ir.UnsupportedModelError, match="has no repeated blocks"):
-        mp.autoparallelize(user_models.mlp_stack(), "cpu:1x4", global_batch=8, seq_len=16,
-                           example_inputs=lambda b, s: (torch.randn(b, 32),))
+def test_a_model_without_repeated_blocks_plans_data_parallelism_with_the_reason() -> None:
+    """Planned node by node (tests/test_blockless_models.py has the rest)."""
+    plan = mp.autoparallelize(user_models.mlp_stack(), "cpu:1x4", global_batch=8, seq_len=16,
+                              example_inputs=lambda b, s: (torch.randn(b, 32),))
+    assert plan.mesh == ir.Mesh(dp=4)
+    assert "tensor parallelism is not offered: no repeated blocks" in plan.report()
 
 
 def test_sources_of_modules() -> None:
