@@ -173,15 +173,19 @@ def model_config(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> dict
 def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[frozenset[str], tuple[str, ...]]:
     """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
     why the rest is not offered, in words for the report."""
+    from .codegen.pipeline_lower import pipeline_blockers
     from .codegen.tp_plans import sp_blockers
 
     runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
         return frozenset(runtime), ()
-    runtime -= {"pp", "cp"}
-    why.append("pipeline and context parallelism are not offered: the runtime runs them on meshplan's zoo module "
-               "classes only so far (tensor, sequence, expert, data and ZeRO parallelism and recompute run on any "
+    runtime -= {"cp"}
+    why.append("context parallelism is not offered: the runtime runs it on meshplan's zoo attention class only so "
+               "far (tensor, sequence, pipeline, expert, data and ZeRO parallelism and recompute run on any "
                "model's modules)")
+    if blocker := (pipeline_blockers(structure) if structure is not None else "no structure was found in the model"):
+        runtime -= {"pp"}
+        why.append(f"pipeline parallelism is not offered: {blocker}")
     if structure is not None and (blockers := sp_blockers(structure)):
         runtime -= {"sp"}
         why.append(f"sequence parallelism is not offered: {'; '.join(blockers)}")
