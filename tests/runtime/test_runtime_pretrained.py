@@ -169,7 +169,7 @@ def test_bad_init_from_exits_2_with_one_line_before_torchrun(saved, tmp_path, ca
     path, want = ((tmp_path / "nowhere", r"--init-from \S+nowhere is not a directory") if case == "missing" else
                   (saved["other"], r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \(128, 64\)"))
     proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "run", str(plan), "--nproc", "4", "--steps", "1",
-                           "--init-from", str(path)], capture_output=True, text=True, timeout=120)
+                           "--init-from", str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and re.search(want, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
