@@ -30,11 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-# A Llama-2-style model (32k vocabulary, SwiGLU, grouped-query attention) of 464M parameters in 48
-# narrow blocks (what ZeRO-3 gathers at a time is a block); the sequence and batch are kept small so
-# that 8 CPU processes get through a step in minutes.
-CONFIG = dict(family="llama", layers=48, hidden=768, heads=12, kv_heads=4, ffn_hidden=3072, vocab=32000,
-              max_seq_len=128, name="llama-464m")
+# A Llama-style model (SwiGLU, grouped-query attention) of 595M parameters in 38 blocks of 15M (what
+# ZeRO-3 gathers at a time is a block) with an 8k vocabulary (as small Llama-family models trained on
+# narrow corpora use), so that the gathered embedding or head is a block's size, not a quarter of a
+# GB; the sequence and batch are kept small so that 8 CPU processes get through a step in minutes.
+CONFIG = dict(family="llama", layers=38, hidden=1024, heads=16, kv_heads=4, ffn_hidden=4096, vocab=8192,
+              max_seq_len=128, name="llama-595m")
 NPROC = 8
 
 
