@@ -5,7 +5,7 @@ from types import ModuleType
 
 from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Policy, Program, Recompute,
                       ShardOptimizer, SplitPipeline, TensorParallel)
-from . import fused, model_source, safe
+from . import fused, model_source, options, safe
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
 from .tp_plans import torch_call
@@ -39,6 +39,7 @@ def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str
     if any(isinstance(s, Recompute) and s.policy == Policy.SELECTIVE for s in program.steps):
         lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
     lines += model_source.imports(program)  # what builds the model: the zoo, transformers or the user's builder
+    lines += options.imports(program)  # --clip-grad, --compile, --init-from: the runtime's own functions
     if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
         lines.append("from meshplan.runtime.expert import shard_experts")
     lines += context_imports(program)  # all-gather attention: torch's context_parallel has no CPU kernel rule
@@ -122,9 +123,10 @@ def _model_block(program: Program, parts: ModuleType) -> str:
     return "\n".join(INDENT + line for line in lines)
 
 
-def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType, *,
+def assemble(program: Program, sections: dict[str, list[str]], name: str, parts: ModuleType, *, blocks: str,
              kernels_module: str = "fused_kernels") -> str:
-    """The whole script; ``parts`` is the ``codegen.script`` module of text templates."""
+    """The whole script; ``parts`` is the ``codegen.script`` module of text templates, ``blocks`` the
+    module path of the model's block container (what --compile compiles; "" if it has none)."""
     # the docstring carries plan text: escaped so that no quote, backslash or newline in it ends the docstring
     header = parts.HEADER.format(name=safe.doc_text(name), summary=safe.doc_text(program.plan_summary),
                                  world_size=safe.integer(program.mesh.world_size, "the mesh's world size"),
@@ -134,14 +136,19 @@ def assemble(program: Program, sections: dict[str, list[str]], name: str, parts:
         "global_batch", "seq_len", "dp_size", "num_microbatches", "micro_batch_size")}
     model_source.check_emittable(program)
     text = [header, "\n".join(imports(program, kernels_module)), parts.CONSTANTS.format(config=config, **numbers)]
-    text += model_source.constants(program)
+    text += model_source.constants(program) + options.constants(blocks)
     save_ops = {safe.op_name(op, "Recompute.save_ops entry") for s in program.steps if isinstance(s, Recompute)
                 for op in s.save_ops}
     if save_ops:
         text.append(parts.SELECTIVE.format(ops="\n".join(f"{INDENT}torch.ops.{op}," for op in sorted(save_ops))))
     text += fused.definitions(program)  # the fused subclasses FuseKernel steps swap in
-    text += [_parallelize_function(sections["parallelize"]), parts.DATA, parts.MAIN_START]
+    option_args = "\n".join(INDENT + line for line in options.ARGS)
+    option_checks = "\n".join(INDENT + line for line in options.check_lines(program, blocks))
+    text += [_parallelize_function(sections["parallelize"]), parts.DATA,
+             parts.MAIN_START.format(option_args=option_args, option_checks=option_checks)]
     main = [INDENT + line for line in sections["mesh"]] + [_model_block(program, parts)]
+    if options.takes_init_from(program):
+        main += [INDENT + line for line in options.INIT_FROM]
     optimizer = sections["optimizer"] or ["optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)"]
     main += [INDENT + line for line in optimizer]
     text.append("\n".join(main))

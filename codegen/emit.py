@@ -20,9 +20,10 @@ import re
 from typing import Callable
 
 from ..ir import Plan
-from . import context, expert, fused, hybrid, pipeline_emit, safe, script
+from . import context, expert, fused, hybrid, model_source, pipeline_emit, safe, script
 from .assemble import assemble
 from .lower import lower
+from .structure import LEGACY_ZOO, structure_of
 from .program import (Autocast, BuildMesh, ContextParallel, DataParallel, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard,
                       FuseKernel, Policy, Program, Recompute, ShardOptimizer, SplitPipeline, Step, TensorParallel)
 from .tp_plans import torch_call
@@ -210,12 +211,25 @@ def render_sections(program: Program) -> dict[str, list[str]]:
     return sections
 
 
+def _blocks(plan: Plan | Program, program: Program) -> str:
+    """The module path of the model's block container, which --compile compiles: the plan's structure;
+    a Program alone names it only when pipelined, and a zoo model's is known ("" otherwise: the script
+    then refuses --compile)."""
+    if isinstance(plan, Plan):
+        return structure_of(plan).blocks
+    split = next((s for s in program.steps if isinstance(s, SplitPipeline)), None)
+    if split is not None:
+        return split.blocks
+    return LEGACY_ZOO["gpt"]["blocks"] if model_source.kind(program) == "zoo" else ""
+
+
 def emit_source(plan: Plan | Program, *, name: str | None = None, fuse: bool = False,
                 kernels_module: str = "fused_kernels") -> str:
     """A torchrun training script for ``plan`` (or an already lowered Program). With ``fuse`` (or a
     Program with FuseKernel steps) the script imports ``kernels_module`` from its own folder: write
     ``fused.kernels_source(program)`` there as ``<kernels_module>.py`` (``Plan.emit`` does)."""
     program = plan if isinstance(plan, Program) else lower(plan, fuse=fuse)
+    blocks = _blocks(plan, program)
     if name is None:
         config = program.config
         name = safe.shown(config["name"]) if config.get("name") else f"a {safe.shown(config.get('family'))} model"
@@ -223,5 +237,5 @@ def emit_source(plan: Plan | Program, *, name: str | None = None, fuse: bool = F
     parts = pipeline_emit.script_parts(program, sections["pipeline"]) if sections["pipeline"] else script
     parts = context.script_parts(program, parts)  # this rank's tokens, under context parallelism
     parts = hybrid.script_parts(program, parts)  # the data rank over dp x dp_shard, under HSDP
-    source = assemble(program, sections, name, parts, kernels_module=kernels_module)
+    source = assemble(program, sections, name, parts, blocks=blocks, kernels_module=kernels_module)
     return safe.checked_source(source, "<emitted training script>", "the emitted training script")

@@ -83,15 +83,21 @@ def constants(program: Program) -> list[str]:
     return []
 
 
+# after the model is built, before parallelize: as runtime.train.prepare_model (torchtitan's order)
+COMPILE = ["if args.compile:  # torch.compile each block in place: names and parameters stay the same",
+           f"{INDENT}compile_blocks(model, BLOCKS)"]
+
+
 def build_lines(program: Program) -> list[str]:
-    """The lines in ``main`` that build the model on ``device`` (after the seed is set)."""
+    """The lines in ``main`` that build the model on ``device`` (after the seed is set), then compile
+    its blocks under --compile."""
     if kind(program) == "zoo":
-        return ['model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, args.seed)']
+        return ['model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, args.seed)', *COMPILE]
     if kind(program) == "hf":  # parameters on meta; the values of a seeded whole build are filled in after parallelize
         cls = safe.name(program.source.get("class") or "AutoModelForCausalLM", "plan.source.class")
         return [f'model = build_on_meta({{"kind": "hf", "class": {safe.string_literal(cls)}, "config": HF_CONFIG}}, '
-                "args.seed)"]
-    return ["model = build_user_model(**BUILDER_KWARGS).to(device)"]
+                "args.seed)", *COMPILE]
+    return ["model = build_user_model(**BUILDER_KWARGS).to(device)", *COMPILE]
 
 
 def loss_line(program: Program) -> str:

@@ -78,6 +78,8 @@ LOOP = '''
         first_stage_inputs = (inputs.to(device),) if 0 in stage_ids else ()
         # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
         schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)
+        if args.clip_grad is not None:  # the global norm: every stage's gradients add over pp
+            clip_grad_norm_(model, args.clip_grad, pp_group)
         optimizer.step()
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=device)

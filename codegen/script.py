@@ -3,9 +3,15 @@
 ``emit.py`` fills the holes with what the Program says. The loop here and
 ``runtime.planned.PlannedModule.step`` do the same arithmetic in the same order (per micro-batch
 ``loss / num_microbatches``, a SUM all-reduce of the detached losses over dp, divided by dp), so a
-script and ``plan.apply`` print the same losses for the same seed.
+script and ``plan.apply`` print the same losses for the same seed. The run options ``meshplan run``
+has (--clip-grad, --compile, --init-from) are ``codegen.options``' lines; clipping sits here, before
+``optimizer.step()``.
 """
 from __future__ import annotations
+
+from . import model_source
+
+INDENT = "    "
 
 # {name}, {summary} and {header} carry plan text: assemble passes them through codegen.safe.doc_text, so
 # that no quote, backslash or newline in them can end this docstring
@@ -78,7 +84,9 @@ def main() -> None:
     parser.add_argument("--data", help="a flat token file to train on (default: synthetic tokens)")
     parser.add_argument("--data-dtype", choices=("uint16", "uint32", "int32"),
                         help="the token file's integer type (default: from its Megatron .idx, else by vocabulary)")
+{option_args}
     args = parser.parse_args()
+{option_checks}
     # a missing file, or one whose dtype does not fit, fails here, before any process group starts
     data = TokenFile.open(args.data, MODEL_CONFIG["vocab"], args.data_dtype) if args.data else None
     if torch.cuda.is_available():
@@ -98,7 +106,7 @@ MAIN_MODEL = '''
     # parameters on meta: parallelize shards the model while it holds no memory, then each rank allocates
     # only its shards, filled with the weights of torch.manual_seed(args.seed) and a whole build
     model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, args.seed)
-    model = materialized(parallelize(model, mesh), mesh)
+''' + "".join(f"{INDENT}{line}\n" for line in model_source.COMPILE) + '''    model = materialized(parallelize(model, mesh), mesh)
 '''
 
 # the end of every emitted training loop: the step's global mean loss, the timing, a clean exit
@@ -131,6 +139,8 @@ LOOP = '''
         for mb, (x, y) in enumerate(zip(inputs.chunk(NUM_MICROBATCHES), targets.chunk(NUM_MICROBATCHES))):
 {micro_step}
             loss_sum += loss.detach()
+        if args.clip_grad is not None:  # by the global norm over every mesh axis, as meshplan run clips
+            clip_grad_norm_(model, args.clip_grad)
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks

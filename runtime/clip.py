@@ -13,7 +13,8 @@ process would compute, whatever the plan holds where:
 
 Then every gradient is scaled by ``max_norm / (norm + 1e-6)`` if that is below 1, as
 ``torch.nn.utils.clip_grad_norm_`` does. ``install_clipping`` runs it as an optimizer step pre-hook,
-so ``PlannedModule.step`` clips between the last backward and the optimizer step.
+so ``PlannedModule.step`` clips between the last backward and the optimizer step; an emitted script
+calls ``clip_grad_norm_(model, max_norm, pp_group)`` itself before ``optimizer.step()``, the same code.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ stages under pipeline parallelism, all experts as one DTensor over ep as ``check
 them) is the load plan, so each rank reads only the slices it holds (safetensors' ``get_slice`` on a
 memory map). Names are the model's own parameter names, which for a transformers model are the
 checkpoint's. Before any tensor is read, the names and global shapes are compared (every rank gets
-the same verdict) and the first difference is named.
+the same verdict) and the first difference is named. An emitted script, which holds the sharded
+model but no ``PlannedModule``, calls ``load_pretrained_into(model, DIR)``: the same code.
 
 ``save_pretrained(pm, DIR)`` writes the same format with ``HuggingFaceStorageWriter``: every rank
 writes its shards, the coordinator consolidates them into ``model-00001-of-0000N.safetensors`` and
@@ -19,10 +20,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
@@ -66,14 +69,21 @@ def load_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
     """Fill ``pm``'s parameters from the Hugging Face checkpoint directory ``path``, each rank reading
     what it holds. A collective. Raises ``CheckpointError`` naming the first parameter whose name or
     shape differs, before any tensor is read."""
+    load_pretrained_into(pm.module, path)
+
+
+def load_pretrained_into(module: nn.Module, path: str | os.PathLike) -> None:
+    """``load_pretrained`` of the sharded, materialized model alone: what an emitted script holds
+    (it has no ``PlannedModule``). A collective."""
     saved = saved_shapes(path)
     reader = HuggingFaceStorageReader(str(path))
-    model_sd = get_model_state_dict(pm.module)
-    originals, _ = _show_experts_whole(pm, model_sd, {})
+    model_sd = get_model_state_dict(module)
+    # _show_experts_whole reads only the sharded module of a PlannedModule
+    originals, _ = _show_experts_whole(SimpleNamespace(module=module), model_sd, {})
     check_names_and_shapes(_global_shapes(model_sd), saved, path)
     dcp.load(model_sd, storage_reader=reader)
     model_sd.update(originals)  # the expert parameters themselves, which the views above filled
-    set_model_state_dict(pm.module, model_sd)
+    set_model_state_dict(module, model_sd)
 
 
 def save_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
