@@ -106,6 +106,14 @@ def check_zoo_layouts(plan: ir.Plan) -> None:
             if isinstance(placement, ir.Shard) and not -ndims[key] <= placement.dim < ndims[key]:
                 raise ir.InvalidPlanError(f"param_layouts[{name!r}] shards dim {placement.dim} over {axis}, but "
                                           f"the parameter has {ndims[key]} dim(s); re-plan this model")
+    layers = int(cfg.get("layers", 0))
+    for name in ndims:  # and every parameter has its layout (the runtime checks the names before any step)
+        wanted = [name.replace("layers.0.", f"layers.{i}.", 1) for i in range(layers)] \
+            if name.startswith("layers.0.") else [name]
+        missing = next((w for w in wanted if w not in plan.param_layouts), None)
+        if missing is not None:
+            raise ir.InvalidPlanError(f"param_layouts has no layout for {missing!r}, a parameter of the model; "
+                                      "re-plan this model (meshplan plan)")
 
 
 def as_api_plan(plan: ir.Plan) -> Plan:

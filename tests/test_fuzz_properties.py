@@ -167,6 +167,8 @@ def test_damaged_clusters_profiles_configs_and_flags(tmp_path, kind, rng_seed) -
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d["source"].update(name="nope"), "unknown model 'nope'"),
     (lambda d: d["param_layouts"].update({"layers.0.attn.nope.weight": ["R"] * 5}), "does not have"),
+    # fuzz finding: a parameter's layout removed reached the workers, which refused it with a traceback each
+    (lambda d: d["param_layouts"].pop("layers.1.mlp_norm.weight"), "no layout for 'layers.1.mlp_norm.weight'"),
 ])
 def test_run_refuses_a_plan_the_zoo_cannot_build_before_torchrun(tmp_path, capsys, edit, message) -> None:
     """Fuzz finding: ``meshplan run`` started torchrun on such a plan and every worker died with a traceback."""
