@@ -94,4 +94,4 @@ def test_a_model_without_config_or_attention_still_traces_and_says_what_it_lacks
     dims = graph.dims
     assert (dims.heads, dims.head_dim, dims.hidden, dims.vocab, dims.layers) == (0, 0, 8, 10, 3)
     assert graph.structure.blocks == "layers" and graph.structure.embed == "emb" and graph.structure.head == "out"
-    assert any(note.startswith("layers.*: no attention op") for note in graph.structure.notes)
+    assert any(note.startswith("layers.*: no attention") for note in graph.structure.notes)
