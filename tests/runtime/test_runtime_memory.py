@@ -1,6 +1,7 @@
 """runtime.memory: the measurement that checks the cost model's memory prediction (bench/cpu_memory.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from meshplan import zoo
@@ -99,5 +100,7 @@ def test_freed_tensors_leave_the_resident_set(tmp_path) -> None:
         out = subprocess.run([sys.executable, "-c", FRAGMENT, mode], capture_output=True, text=True, check=True)
         return float(out.stdout.strip().splitlines()[-1])
 
-    assert held_mib("default") > 16  # the failure the fix is for
     assert held_mib("fixed") < 4
+    default = held_mib("default")  # the failure the fix is for: it depends on glibc's state in this process
+    if default <= 16:  # seen in one CI run under load: the allocator returned the blocks by itself
+        pytest.skip(f"without the fix this allocator kept only {default:.0f} MiB: nothing to compare the fix with")
