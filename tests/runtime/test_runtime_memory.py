@@ -71,12 +71,12 @@ def test_predicted_peak_memory_is_never_below_what_the_runtime_holds(tmp_path_fa
 
 FRAGMENT = """
 import sys
-import psutil
+import os
 import torch
 from meshplan.runtime.memory import return_freed_memory
 if sys.argv[1] == "fixed":
     return_freed_memory()
-rss = lambda: psutil.Process().memory_info().rss
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # resident pages
 del_me = torch.ones(24 * 2**20, dtype=torch.uint8)  # mmapped; its free raises glibc's threshold (to 32 MiB at most)
 del del_me
 before = rss()
