@@ -12,7 +12,7 @@ only the last holds (final norm, output head). In a stage holding blocks ``[firs
                                             ``Handoff`` (the activation the previous stage sent) on the
                                             stage that holds block 0 when the first held the embedding alone
     a position embedding, likewise          ``NoPosition``: adds a zero
-    blocks before ``first``                 ``PassBlock``: hands on the activation the previous stage sent
+    blocks before ``first``                 ``Handoff``: hands on the activation the previous stage sent
     block ``last``, on a stage before the last   ``StopBlock``: ends the forward, returning its input
                                             (the final norm, when that stage ends with the final block)
     the final norm and head, likewise       ``Absent`` (never reached)
@@ -85,8 +85,9 @@ class EmptyEmbedding(Absent):
 
 
 class Handoff(Absent):
-    """The token embedding on a stage that holds block 0 but not the embedding (the first stage held the
-    embedding alone, as Megatron's uneven layouts do): the activation the previous stage sent."""
+    """Hands on the activation the previous stage sent: in place of each block before this stage's first,
+    and of the token embedding on a stage that holds block 0 but not the embedding (the first stage held
+    the embedding alone, as Megatron's uneven layouts do)."""
 
     def __init__(self, path: str, stage: "Stage") -> None:
         super().__init__(path)
@@ -101,17 +102,6 @@ class NoPosition(Absent):
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return torch.zeros((), dtype=torch.get_default_dtype())
-
-
-class PassBlock(Absent):
-    """A block before this stage's first: returns the activation the previous stage sent."""
-
-    def __init__(self, path: str, stage: "Stage") -> None:
-        super().__init__(path)
-        object.__setattr__(self, "_stage", stage)  # not a submodule: the stage holds this block
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._stage.incoming
 
 
 class StopBlock(Absent):
@@ -175,7 +165,7 @@ class Stage(nn.Module):
         root = model
         for i in [*range(first), *range(last, num_blocks)]:
             path = f"{blocks}.{i}"
-            stand_in = (PassBlock(path, self) if i < first else
+            stand_in = (Handoff(path, self) if i < first else
                         StopBlock(path) if i == last and not projects else Absent(path))
             root = _put(root, path, stand_in, owned)
         for k, path in enumerate(first_parts if not embeds else ()):  # the token embedding, then positions
