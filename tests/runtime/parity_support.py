@@ -87,7 +87,12 @@ def launch(tmp_path_factory, world_size: int, entry: str, payload: Any) -> list[
 def assert_matches_reference(ranks: list[dict], name: str, model: str | dict) -> None:
     """Case ``name``: the same global mean loss on every rank, and losses and final (full) parameters
     equal to one process within 1e-5."""
-    ref_losses, ref_params = reference(model)
+    assert_ranks_match(ranks, name, *reference(model))
+
+
+def assert_ranks_match(ranks: list[dict], name: str, ref_losses: list[float], ref_params: dict[str, torch.Tensor]) -> None:
+    """Case ``name`` of ``ranks``' results: the same global mean loss on every rank, and losses and final (full)
+    parameters, under the whole model's names, equal to one process's within 1e-5."""
     got = [r[name] for r in ranks]
     for rank, result in enumerate(got):
         assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import meshplan as mp
-from parity_support import launch
+from parity_support import assert_ranks_match, launch
 
 import blockless_cases  # noqa: E402
 
@@ -50,13 +50,7 @@ def test_every_zero_stage_is_planned(plans) -> None:
                                   "zero3 mb2x2"])
 def test_blockless_model_matches_one_process(plans, ranks, name) -> None:
     ref_losses, ref_params = blockless_cases.reference()
-    got = [r[name] for r in ranks]
-    assert all(g["losses"] == got[0]["losses"] for g in got), "ranks report different losses"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)
-    for pname, ref in ref_params.items():
-        torch.testing.assert_close(params[pname], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
+    assert_ranks_match(ranks, name, ref_losses, ref_params)
 
 
 def test_zero_stages_run_ddp_and_fsdp(ranks) -> None:

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 import meshplan as mp  # noqa: E402
 from meshplan.codegen import ExpertParallel, FullyShard, lower  # noqa: E402
 from meshplan.runtime.source import build  # noqa: E402
-from parity_support import GLOBAL_BATCH, SEQ_LEN, launch  # noqa: E402
+from parity_support import GLOBAL_BATCH, SEQ_LEN, assert_ranks_match, launch  # noqa: E402
 
 import user_model_cases  # noqa: E402
 
@@ -69,13 +69,7 @@ def test_deepseek_structure_names_the_dense_layer_and_the_shared_expert(plans) -
 def test_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
-    got = [r[name] for r in ranks]
-    assert all(g["losses"] == got[0]["losses"] for g in got), "ranks report different losses"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)
-    for pname, ref in ref_params.items():
-        torch.testing.assert_close(params[pname], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
+    assert_ranks_match(ranks, name, ref_losses, ref_params)
 
 
 def test_experts_split_only_in_moe_blocks(plans) -> None:

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 import meshplan as mp  # noqa: E402
 from meshplan.runtime.source import build  # noqa: E402
-from parity_support import GLOBAL_BATCH, SEQ_LEN, launch  # noqa: E402
+from parity_support import GLOBAL_BATCH, SEQ_LEN, assert_ranks_match, launch  # noqa: E402
 
 import user_model_cases  # noqa: E402
 import user_models  # noqa: E402
@@ -95,13 +95,7 @@ def test_sources_are_recorded(plans) -> None:
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
-    got = [r[name] for r in ranks]
-    assert all(g["losses"] == got[0]["losses"] for g in got), "ranks report different losses"
-    torch.testing.assert_close(torch.tensor(got[0]["losses"]), torch.tensor(ref_losses), atol=1e-5, rtol=1e-5)
-    params = got[0]["params"]
-    assert sorted(params) == sorted(ref_params)
-    for pname, ref in ref_params.items():
-        torch.testing.assert_close(params[pname], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
+    assert_ranks_match(ranks, name, ref_losses, ref_params)
 
 
 def test_megatron_split_shards_the_users_attention(ranks) -> None:
