@@ -8,8 +8,6 @@ scanning all parameters) are linear: the tests count the passes over the paramet
 from __future__ import annotations
 
 import json
-import signal
-from contextlib import contextmanager
 
 import pytest
 from torch import nn
@@ -18,23 +16,10 @@ from meshplan import cli, ir, zoo
 from meshplan.codegen.fusion import find_fusions
 from meshplan.frontend.blocks import build_blocks
 from meshplan.ir import limits
+from deadline import within  # tests/deadline.py
 
 CONFIG = {"family": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "max_seq_len": 128}
 WHY = "the deepest transformer trained so far, DeepNet (2022), has 1,000 layers"
-
-
-@contextmanager
-def within(seconds: int):
-    """Fail instead of spinning (the quadratic loops ran for minutes on these sizes)."""
-    def _stop(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, _stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize("layers", [limits.MAX_LAYERS + 1, 10**5, 10**6])

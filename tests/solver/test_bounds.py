@@ -4,8 +4,6 @@ own message instead of "no strategy divides the work"."""
 from __future__ import annotations
 
 import math
-import signal
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -18,24 +16,11 @@ from meshplan.ir import limits
 from meshplan.solver.pins import check_pins_fit
 from meshplan.solver.search import Request, check_request, layers_per_rank, recompute_list
 from meshplan.solver.space import RUNTIME, candidates, check_fixed, divisors
+from deadline import within  # tests/deadline.py
 
 DENSE = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
 MOE = ir.ModelDims(family="moe", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000,
                    experts=8, top_k=2)
-
-
-@contextmanager
-def within(seconds: int):
-    """Fail instead of spinning: the old trial division never returned on these inputs."""
-    def _stop(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, _stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --- divisors -------------------------------------------------------------------------------------
