@@ -32,6 +32,13 @@ MAX_GLOBAL_BATCH = 2**40
 MAX_SEQ_LEN = 2**24
 MAX_TIME_LIMIT_S = 86400.0
 
+# the model config's sizes: (least, most). One source for zoo.ModelConfig, the plan's "model" object
+# (ir/schema.py) and Hugging Face configs (runtime/source.py)
+MODEL_LIMITS: dict[str, tuple[int, int]] = {
+    "layers": (1, MAX_LAYERS), "hidden": (1, 2**20), "heads": (1, 2**14), "kv_heads": (0, 2**14),
+    "ffn_hidden": (0, 2**22), "vocab": (1, 2**24), "max_seq_len": (1, MAX_SEQ_LEN), "experts": (0, 2**14),
+    "top_k": (0, 2**14)}
+
 # why a bound sits where it does, for the messages of the bounds that are not far above every real size
 REASONS = {"layers": "the deepest transformer trained so far, DeepNet (2022), has 1,000 layers"}
 

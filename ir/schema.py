@@ -32,7 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from .errors import InvalidPlanError, PlanError
 from .graph import DTYPE_BYTES
-from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MODEL_LIMITS
 from .placement import parse_placement
 from .readfile import MAX_INT_DIGITS, MAX_JSON_DEPTH
 from .schema_errors import describe, join_path, short_repr
@@ -46,11 +46,6 @@ SCHEMA_FILE = Path(__file__).with_name("plan.schema.json")
 FUSION_NAMES = ("add_layernorm", "add_rmsnorm", "bias_dropout_add", "bias_gelu", "dropout_add", "softmax", "swiglu")
 TRAIN_DTYPES = tuple(d for d in DTYPE_BYTES if "float" in d)  # a plan trains in a floating dtype of the IR's set
 
-# the model config's sizes: (least, most). One source for zoo.ModelConfig and the plan's "model" object.
-MODEL_LIMITS: dict[str, tuple[int, int]] = {
-    "layers": (1, MAX_LAYERS), "hidden": (1, 2**20), "heads": (1, 2**14), "kv_heads": (0, 2**14),
-    "ffn_hidden": (0, 2**22), "vocab": (1, 2**24), "max_seq_len": (1, MAX_SEQ_LEN), "experts": (0, 2**14),
-    "top_k": (0, 2**14)}
 MAX_TEXT = 10_000  # characters of a free-text field (a name, the binding constraint, a reason)
 MAX_PARAMS = 10**6  # parameter layouts in one plan
 MAX_ENTRIES = 1_000  # keys of a small object (structure, phases, memory_bytes, ...)

@@ -25,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from ..ir import UnsupportedModelError
+from ..ir.limits import MODEL_LIMITS
 
 TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
@@ -86,14 +87,53 @@ def hf_class(source: dict[str, Any]) -> Any:
 
 def hf_config(source: dict[str, Any]) -> Any:
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     data = dict(source.get("config") or {})
     model_type = data.get("model_type")
-    try:
-        return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
-    except (ValueError, KeyError) as exc:
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise UnsupportedModelError(f"the Hugging Face config's model_type {model_type!r} is not one transformers "
-                                    f"{transformers.__version__} knows ({exc}); upgrade transformers") from None
+                                    f"{transformers.__version__} knows; upgrade transformers or fix the config")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
+    except Exception as exc:  # noqa: BLE001 - transformers validates fields with its own error types
+        raise UnsupportedModelError(f"the Hugging Face {model_type} config does not fit transformers "
+                                    f"{transformers.__version__}'s {model_type} model: {exc}; fix the config") from None
+    check_hf_sizes(config)
+    return config
+
+
+# the sizes of a Hugging Face config that decide how much the model builds, under the plan's bounds
+# (ir/limits.py MODEL_LIMITS): a config with 10^6 layers would otherwise build modules for minutes on meta
+HF_SIZES = {"num_hidden_layers": "layers", "n_layer": "layers", "num_layers": "layers", "hidden_size": "hidden",
+            "n_embd": "hidden", "num_attention_heads": "heads", "n_head": "heads", "num_key_value_heads": "kv_heads",
+            "intermediate_size": "ffn_hidden", "vocab_size": "vocab", "num_local_experts": "experts",
+            "n_routed_experts": "experts", "num_experts": "experts"}
+
+
+def check_hf_sizes(config: Any) -> None:
+    """Refuse a Hugging Face config whose sizes exceed meshplan's bounds, naming the field, value and bound
+    (the text config of a multimodal model too)."""
+    configs = [config]
+    text = getattr(config, "get_text_config", None)
+    if callable(text):
+        try:
+            inner = text()
+        except Exception:  # noqa: BLE001 - a config without a text part is checked as it is
+            inner = None
+        if inner is not None and inner is not config:
+            configs.append(inner)
+    for cfg in configs:
+        for field, kind in HF_SIZES.items():
+            value = getattr(cfg, field, None)
+            if value is None or isinstance(value, bool) or not isinstance(value, int):
+                continue
+            least, most = MODEL_LIMITS[kind]
+            if not least <= value <= most:
+                raise UnsupportedModelError(f"the Hugging Face config's {field} = {value} is outside "
+                                            f"{least}..{most}, meshplan's bound on a model's {kind}; "
+                                            "fix the config")
 
 
 def build(source: dict[str, Any]) -> nn.Module:

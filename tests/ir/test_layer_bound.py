@@ -90,3 +90,35 @@ def test_fusions_look_parameters_up_by_name() -> None:
     assert _Counted.passes == 1
     assert [f.pattern for f in fusions] == ["bias_gelu"] * n
     assert fusions[-1].args == (("x", f"mm{n - 1}"), ("bias", f"l{n - 1}.bias"))
+
+
+HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 10**6}, "num_hidden_layers = 1000000 is outside 1..1024, meshplan's bound on a model's layers"),
+    ({"hidden_size": 2**40}, "hidden_size = 1099511627776 is outside 1..1048576"),
+    ({"vocab_size": 0}, "vocab_size = 0 is outside 1..16777216"),
+    ({"num_hidden_layers": "x"}, "does not fit transformers"),
+    ({"model_type": "no-such-model"}, "model_type 'no-such-model' is not one transformers"),
+])
+def test_a_hugging_face_config_past_the_bounds_is_refused_before_building(tmp_path, change, message) -> None:
+    pytest.importorskip("transformers")
+    from meshplan.cli_model import hf_model
+
+    (tmp_path / "config.json").write_text(json.dumps({**HF, **change}))
+    with within(60), pytest.raises(ir.UnsupportedModelError) as info:  # 10^6 layers built for minutes
+        hf_model(str(tmp_path))
+    assert message in str(info.value)
+
+
+def test_the_cli_refuses_a_hugging_face_config_of_a_million_layers_in_one_line(capsys, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({**HF, "num_hidden_layers": 10**6}))
+    with within(60):
+        code = cli.main(["estimate", "--model", f"hf:{tmp_path}", "--cluster", "cpu:1x4", "--global-batch", "8",
+                         "--seq-len", "32"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "num_hidden_layers = 1000000 is outside 1..1024" in err
