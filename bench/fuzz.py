@@ -164,6 +164,9 @@ def _warm() -> None:
     import meshplan.cli
     import meshplan.codegen  # noqa: F401
 
+    with contextlib.suppress(ImportError):  # the Hugging Face config cases
+        import transformers  # noqa: F401
+
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         meshplan.cli.main(["estimate", "--model", "gpt-tiny", "--cluster", "cpu:1x4", "--global-batch", "8",
                            "--seq-len", "32"])

@@ -15,8 +15,8 @@ import json
 import random
 from typing import Any, Callable
 
-from fuzz_oracle import (CONFIG_FIELDS, cluster_violations, file_numbers_violations, model_violations,
-                         plan_violations, strict_json, type_changes)
+from fuzz_oracle import (CONFIG_FIELDS, MODEL_INTS, cluster_violations, file_numbers_violations, is_int,
+                         model_violations, plan_violations, strict_json, type_changes)
 
 MARKER = "PWNED"
 PAYLOADS = (
@@ -270,7 +270,37 @@ CONFIG_SEEDS = ({"family": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab"
 ESTIMATE = ["--global-batch", "8", "--seq-len", "32"]
 
 
+# a Hugging Face config (``--model hf:PATH``) and the zoo bound each of its size fields falls under
+HF_SEED = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512}
+HF_SIZES = {"num_hidden_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
+            "num_key_value_heads": "kv_heads", "intermediate_size": "ffn_hidden", "vocab_size": "vocab"}
+
+
+def hf_config_case(rng: random.Random) -> dict:
+    """A Hugging Face config with one size field damaged (the oracle knows the bounds; a value within them
+    may still be one transformers refuses, so it counts as "valid" only for sizes that keep the model whole),
+    or the config damaged at the text level (then only tracebacks and hangs count)."""
+    data = copy.deepcopy(HF_SEED)
+    if rng.random() < 0.7:
+        key = rng.choice(tuple(HF_SIZES))
+        data[key] = rng.choice((0, -5, True, "x", 10**6, 2**40, 3, 1.0, 10**5, 1025))
+        lo, hi = MODEL_INTS[HF_SIZES[key]]
+        ok = is_int(data[key], lo, hi)
+        raw, what = _dumps(data), f"hf {key} = {data[key]!r}"
+        # within the bounds, transformers and the trace decide (heads that do not divide ...): None says
+        # "unknown", so that only a traceback or a hang is a finding
+        violations = None if ok else [f"{key} = {data[key]!r:.40} not an int in {lo}..{hi}"]
+    else:
+        data, raw, what = mutate_json(data, rng)
+        what, violations = "hf " + what, None
+    return _case("config", what, ["estimate", "--model", "hf:config.json", "--cluster", "cpu:1x4", *ESTIMATE],
+                 {"config.json": raw}, violations)
+
+
 def config_case(rng: random.Random) -> dict:
+    if rng.random() < 0.25:
+        return hf_config_case(rng)
     seed = rng.choice(CONFIG_SEEDS)
     if rng.random() < 0.05:
         content, what = special_file(rng)
