@@ -96,6 +96,9 @@ def main() -> None:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # the ranks share the CPU cores
+        from meshplan.runtime.memory import return_freed_memory
+
+        return_freed_memory()  # freed tensors go back to the system (glibc would keep them; runtime/memory.py)
         backend = "gloo"
     dist.init_process_group(backend)
     if data is not None:

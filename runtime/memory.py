@@ -118,6 +118,11 @@ def return_freed_memory() -> bool:
     Llama was seen to hold 1.0 GB more this way after one step (2 ranks, fp32). Setting the threshold
     explicitly turns the adjustment off. Each large tensor then costs an ``mmap``, a ``munmap`` and
     fresh zeroed pages: noise beside a training step's arithmetic.
+
+    Call it first, before the model is built: glibc serves a request from free space in the heap before
+    it considers ``mmap``, so a heap already grown (building on meta allocates each full parameter and
+    frees it, which grew a rank's heap by 1.9 GB for a 595M-parameter model) keeps serving every later
+    tensor from pages that stay resident (``bench/memory_demo.py``: 2.5 GB per rank instead of 1.9 GB).
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
