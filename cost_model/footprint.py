@@ -4,7 +4,10 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
 
     params + grads + optimizer   ZeRO over the dp*cp replicas (memory.state_bytes), dense and expert;
                                  fp32 ones under bf16 where the program keeps fp32 parameters as the
-                                 master weights (software.fp32_params: meshplan's runtime)
+                                 master weights (software.fp32_params: meshplan's runtime); ZeRO-2
+                                 under FSDP2 (reshard_after_forward=False) shards the parameters at
+                                 rest too, and holds every unit's gathered copy from forward to
+                                 backward (a buffer, in the compute dtype)
     activations                  sum over its layers of the per-layer bytes x micro-batches in flight
                                  (pipeline.inflight_microbatches), plus one layer rematerialized
                                  during the backward when it recomputes, plus on the last rank the
@@ -45,7 +48,8 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     d, mesh = summary.dims, plan.mesh
     split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
     common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
-                  cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout)
+                  cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout,
+                  selective_saves_matmuls=software.selective_saves_matmuls)
     per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
@@ -85,6 +89,11 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         total += dense_params * grad_b + (dense_params * param_b if plan.zero_stage == 3 else 0.0)
     if plan.zero_stage == 3:
         total += bucket_params * (2 * param_b + grad_b)  # current + prefetched layer, unsharded grads
+    elif plan.zero_stage == 2 and runs_fsdp(mesh, 2, software):
+        # FSDP2 with reshard_after_forward=False: parameters sharded at rest (rank_memory), each unit's
+        # gathered copy in the compute dtype held from its forward to its backward: all of them at the
+        # start of backward
+        total += dense_params * param_b + bucket_params * grad_b
     elif plan.zero_stage == 2:
         total += bucket_params * grad_b
     elif plan.zero_stage == 0 and runs_fsdp(mesh, 0, software):
@@ -126,6 +135,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     state_dtype = _state_dtype(plan.dtype, software)
     dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=state_dtype)
+    if plan.zero_stage == 2 and runs_fsdp(mesh, 2, software):  # FSDP2 shards the parameters at rest too
+        dense["params"] = state_bytes(params.dense, dp=shard_group, zero_stage=3, dtype=state_dtype)["params"]
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     activations = _activations(summary, plan, layers, software)

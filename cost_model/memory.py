@@ -30,8 +30,10 @@ shards (S), so that per layer ``bytes = s*b*h * (R / (t if sp else 1) + S / t)``
 
 For GPT with dropout, f = 4h and no fused attention this is Korthikanti's table exactly:
 sbh(34 + 5as/h) unsharded, sbh(10 + 24/t + 5as/ht) with TP, sbh/t(34 + 5as/h) with TP+SP.
-Selective recompute drops what the attention core saved; full recompute keeps only the layer input
-2sbh (2sbh/t with SP). Context parallelism divides s by cp in s*b*h.
+Selective recompute drops what the attention core saved (Korthikanti's policy, Megatron's programs);
+in meshplan's runtime it keeps the matmul outputs and recomputes the rest (``matmul_save_units``:
+about half of the eager SwiGLU layer's bytes); full recompute keeps only the layer input 2sbh
+(2sbh/t with SP). Context parallelism divides s by cp in s*b*h.
 """
 from __future__ import annotations
 
@@ -71,17 +73,47 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
     return whole, sharded, core
 
 
+def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> float:
+    """What selective recompute keeps per layer when it saves the outputs of the matmuls and of the
+    tensor-parallel collectives and recomputes everything else (norms, rotary, the attention core,
+    activations, residual adds): meshplan's runtime (``codegen.program.SELECTIVE_SAVE_OPS``, PyTorch's
+    selective activation checkpointing), in units of s*b*h bytes at 2 bytes per element (TP applied).
+
+    Per token: the layer's input (sequence-sharded under SP); the column-parallel outputs, sharded by
+    TP (GPT: the fused QKV 3h and the MLP up-projection f; Llama: Q h, K and V kv each (before the
+    zoo repeats them), gate and up 2f; MoE: per routed copy gate and up 2f); the row-parallel outputs,
+    partial sums of width h on every TP rank (attention and MLP output projections, k of them for
+    MoE, with the router's E logits); with TP the collectives' outputs too: under SP the two gathered
+    norm outputs (whole) and the two reduce-scatter outputs (/t), else the two all-reduce outputs."""
+    h, f = dims.hidden, dims.ffn_hidden
+    if dims.family == "gpt":
+        sharded, row = 3.0 * h + f, 2.0 * h
+    elif dims.family == "moe":
+        sharded, row = h + 2.0 * kv_width(dims) + dims.top_k * 2.0 * f, h + dims.top_k * h + dims.experts
+    else:
+        sharded, row = h + 2.0 * kv_width(dims) + 2.0 * f, 2.0 * h
+    elems = h / (tp if sp else 1) + row + sharded / tp
+    if tp > 1:
+        elems += 2.0 * h + 2.0 * h / tp if sp else 2.0 * h
+    return 2.0 * elems / h
+
+
 def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                            cp: int = 1, recompute: str = "none", flash: bool = True, dropout: bool = False,
-                           dtype: str = "bfloat16") -> float:
-    """Bytes one layer keeps for its backward, per micro-batch, on one GPU."""
+                           dtype: str = "bfloat16", selective_saves_matmuls: bool = False) -> float:
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU. ``selective_saves_matmuls``:
+    selective recompute keeps the matmul outputs and recomputes the rest (``matmul_save_units``, never
+    more than no recompute), not Korthikanti's attention core alone."""
     sbh = seq_len / cp * micro_batch * dims.hidden * ACTIVATION_BYTES[dtype] / 2.0
     whole_div = tp if sp else 1
     if recompute == "full":
         return sbh * 2.0 / whole_div
     whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout)
+    none = whole / whole_div + (sharded + core) / tp
+    if recompute == "selective" and selective_saves_matmuls:
+        return sbh * min(matmul_save_units(dims, tp=tp, sp=sp), none)
     if recompute != "selective":
-        sharded += core
+        return sbh * none
     return sbh * (whole / whole_div + sharded / tp)
 
 

@@ -58,6 +58,10 @@ Fields:
   unsharded gradients over the micro-batches, keep parameters gathered after the first backward and
   reduce once after the schedule, not overlapped (``PipelineStage.backward_maybe_with_nosync`` and
   ``perform_reduce_grad``); ``data_parallel._pipelined_ops``, ``footprint``.
+* ``selective_saves_matmuls``: selective recompute is PyTorch's selective activation checkpointing
+  keeping the outputs of the matmuls and of the TP collectives and recomputing the rest of the block
+  (``codegen.program.SELECTIVE_SAVE_OPS``; torchtitan's op-level policy is of this kind), not
+  Korthikanti's attention core alone (``memory.matmul_save_units``).
 * ``ddp_accumulation_copy``: with PyTorch DDP and more than one micro-batch, the gradients of the
   micro-batches run under ``no_sync()`` accumulate in ``param.grad`` outside DDP's all-reduce buckets,
   so the buckets are a second copy of them (with one micro-batch, ``gradient_as_bucket_view=True``
@@ -121,6 +125,7 @@ class Software:
     ddp_init_broadcast: bool = False
     grad_accumulation_add: bool = False
     fsdp_under_pipeline: bool = False
+    selective_saves_matmuls: bool = False
     overlap_slowdown: float = 0.189
 
     def __post_init__(self) -> None:
@@ -139,7 +144,8 @@ class Software:
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
-                   ddp_init_broadcast=True, grad_accumulation_add=True, fp32_params=True)
+                   ddp_init_broadcast=True, grad_accumulation_add=True, fp32_params=True,
+                   selective_saves_matmuls=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout

@@ -1,0 +1,93 @@
+"""The default software preset (meshplan's runtime: FSDP2, DTensor TP) against published runs of the
+PyTorch-native stack it is built on: torchtitan's FSDP2 and FSDP2 + TP measurements on A100 and H100.
+
+    python bench/pytorch_native_runs.py
+
+Each row of ``bench/data/torchtitan_runs.csv`` (with its source file and commit) becomes a Llama graph
+(the cost model reads its dimensions and parameter total), the plan torchtitan ran (FSDP over dp =
+ZeRO-3, TP, the local batch as one micro-batch, its activation checkpointing: "full", "selective op" as
+meshplan's selective, "selective layer" as every second block full), and is estimated with
+``software="meshplan"`` in bf16. Printed per row: tokens/s per GPU measured and predicted, the error
+(predicted / measured - 1: positive is optimistic), and where the source gives it, the memory per GPU
+(torchtitan's max reserved) beside the predicted peak. Rows that ran torch.compile or Float8 are
+listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
+H100 at a 500 W cap, which the source places between the SXM and NVL parts; the nearest preset,
+h100-sxm (700 W, HBM3), is used, so those rows are expected to come out optimistic.
+
+A benchmark, not a test: it prints and asserts nothing. Nothing in the cost model was fitted to
+these rows.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from meshplan import ir, zoo
+from meshplan.cost_model import Cluster, estimate, software_named
+
+from reference_runs import graph_of  # noqa: E402 - bench/ is the script's directory
+
+DATA = Path(__file__).resolve().parent / "data" / "torchtitan_runs.csv"
+RECOMPUTE = {"none": "none", "selective op": "selective", "full": "full"}
+
+
+def recompute_of(policy: str, layers: int) -> tuple[str, ...]:
+    if policy == "selective layer":  # torchtitan selective_ac_option "2": every second block checkpointed
+        return tuple("full" if i % 2 else "none" for i in range(layers))
+    return (RECOMPUTE[policy],) * layers
+
+
+def build(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:
+    if row["extras"].strip():
+        return f"ran {row['extras']}: the cost model prices neither torch.compile nor Float8"
+    gpus, dp, tp, lb = int(row["gpus"]), int(row["dp"]), int(row["tp"]), int(row["local_batch"])
+    s, layers = int(row["seq_len"]), int(row["layers"])
+    cfg = zoo.ModelConfig(family="llama", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
+                          kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
+                          max_seq_len=s, name=row["model"])
+    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
+    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
+    plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
+                   mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
+                   num_microbatches=1, recompute=recompute_of(row["activation_checkpointing"], layers))
+    return plan, cluster, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", type=Path, default=DATA)
+    args = ap.parse_args(argv)
+    with open(args.csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    software = software_named("meshplan")
+    print(f"{'run':44s} {'GPUs':>5s} {'AC':>15s} {'tok/s/GPU':>10s} {'predicted':>10s} {'error':>7s}"
+          f" {'mem GiB':>8s} {'predicted':>9s}")
+    errors, skipped = [], []
+    for row in rows:
+        built = build(row)
+        label = f"{row['model']} {row['gpu_type'][:4]} dp{row['dp']} tp{row['tp']} lb{row['local_batch']}"
+        if isinstance(built, str):
+            skipped.append(f"{label}: {built}")
+            continue
+        plan, cluster, cfg = built
+        pred = estimate(graph_of(cfg), cluster, plan, software=software)
+        tps = plan.global_batch * plan.seq_len / pred.step_time_s / plan.world_size
+        measured = float(row["measured_tokens_per_s_per_gpu"])
+        err = tps / measured - 1
+        errors.append(abs(err))
+        mem = row["measured_memory_gib"].strip()
+        mem_text = f"{float(mem):8.1f} {pred.peak_memory_bytes / 2**30:9.1f}" if mem else \
+            f"{'-':>8s} {pred.peak_memory_bytes / 2**30:9.1f}"
+        print(f"{label:44s} {plan.world_size:5d} {row['activation_checkpointing']:>15s} {measured:10,.0f} "
+              f"{tps:10,.0f} {err:+7.1%} {mem_text}")
+    if errors:
+        print(f"\nmean absolute throughput error over {len(errors)} rows: {sum(errors) / len(errors):.1%}")
+    for line in skipped:
+        print(f"not modeled: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
