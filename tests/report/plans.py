@@ -8,8 +8,10 @@ from functools import lru_cache
 
 SPECS = {
     "dense": ("llama3-8b", {"pp": 2, "dp": 4, "tp": 8, "vp": 2, "schedule": "interleaved-1f1b", "zero": 2}),
-    # ZeRO-2 pinned: the exporters' test reads this plan, and Megatron runs no ZeRO-3 (FSDP2) with experts
-    "moe": ("mixtral-8x7b", {"ep": 8, "zero": 2}),
+    # ZeRO-2 pinned: the exporters' test reads this plan, and Megatron runs no ZeRO-3 (FSDP2) with experts;
+    # full recompute pinned: Megatron's --recompute-granularity is one value, and the planner mixes selective
+    # and full layers where memory allows
+    "moe": ("mixtral-8x7b", {"ep": 8, "zero": 2, "recompute": "full"}),
     "zero3": ("llama3-8b", {"pp": 1, "tp": 1, "zero": 3}),
     "pipeline-ddp": ("gpt3-1.3b", {"pp": 2, "tp": 1, "zero": 0, "schedule": "1f1b"}),
 }
