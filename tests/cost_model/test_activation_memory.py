@@ -58,3 +58,28 @@ def test_logits_are_fp32_and_vocab_parallel() -> None:
     # kept: bf16 logits, fp32 upcast, fp32 log-softmax; in the backward the gradients of the
     # log-probabilities and of the logits (fp32) exist at once
     assert kept == pytest.approx(elems * (2 + 4 + 4)) and grad == pytest.approx(elems * 8)
+
+
+def test_selective_recompute_as_meshplan_runs_it_keeps_the_matmul_outputs() -> None:
+    """meshplan's runtime saves the matmul and TP-collective outputs and recomputes the rest
+    (codegen.program.SELECTIVE_SAVE_OPS); per token of a Llama layer without TP: the input h, Q h, K and
+    V kv each, gate and up 2f, and the two output projections 2h, at 2 bytes each."""
+    from meshplan.cost_model.memory import matmul_save_units
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                         vocab=128256)
+    s, b, h, f, kv = 4096, 1, 4096, 14336, 1024
+    ours = layer_activation_bytes(llama, seq_len=s, micro_batch=b, recompute="selective", selective_saves_matmuls=True)
+    assert ours == pytest.approx(s * b * 2 * (h + h + 2 * kv + 2 * f + 2 * h))
+    korthikanti = layer_activation_bytes(llama, seq_len=s, micro_batch=b, recompute="selective")
+    assert ours < 0.6 * korthikanti  # about half: the norms' inputs, SwiGLU's silu and product are recomputed
+    for dims in (llama, _gpt(6144, 64, 48),
+                 ir.ModelDims(family="moe", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                              vocab=32000, experts=8, top_k=2)):
+        for tp, sp in ((1, False), (8, False), (8, True)):
+            none = layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=tp, sp=sp)
+            selective = layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=tp, sp=sp, recompute="selective",
+                                               selective_saves_matmuls=True)
+            full = layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=tp, sp=sp, recompute="full")
+            assert full < selective <= none, (dims.family, tp, sp)
+            assert matmul_save_units(dims, tp=tp, sp=sp) > 0

@@ -68,3 +68,24 @@ def test_hybrid_sharding_keeps_zero_state_in_the_node_and_cuts_cross_node_traffi
             for zg in (0, 8)}
     assert cost[8].bus_bytes < cost[0].bus_bytes
     assert estimate(graph, cluster, hybrid).peak_memory_bytes > estimate(graph, cluster, full).peak_memory_bytes
+
+
+def test_zero2_under_fsdp2_shards_parameters_at_rest_and_holds_the_gathered_copies(make_graph, make_plan) -> None:
+    """FSDP2's ZeRO-2 (reshard_after_forward=False, meshplan's runtime): the fp32 parameters are sharded
+    like ZeRO-3's, and every unit's gathered bf16 copy is held from its forward to its backward (a
+    buffer of 2 bytes per parameter). Megatron's ZeRO-2 keeps its bf16 parameters whole."""
+    from meshplan import zoo
+    from meshplan.cost_model.software import MEGATRON_CORE_2024
+
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    psi = zoo.param_count(cfg)
+    plan = make_plan(cfg, cluster, global_batch=8, seq_len=1024, dp=8, zero=2, recompute="full")
+    ours = memory_breakdown(graph, cluster, plan)
+    z3 = memory_breakdown(graph, cluster, make_plan(cfg, cluster, global_batch=8, seq_len=1024, dp=8, zero=3,
+                                                    recompute="full"))
+    assert ours["params"] == pytest.approx(4 * psi / 8) and ours["grads"] == pytest.approx(4 * psi / 8)
+    # the held copies: about the whole model in bf16 beyond ZeRO-3's two gathered layers
+    assert ours["buffers"] - z3["buffers"] > 0.9 * 2 * psi * (1 + 0.10) - 2 * 2 * psi / cfg.layers * 1.1
+    theirs = memory_breakdown(graph, cluster, plan, software=MEGATRON_CORE_2024)
+    assert theirs["params"] == pytest.approx(2 * psi) and theirs["grads"] == pytest.approx(2 * psi / 8)
