@@ -91,7 +91,6 @@ def hf_config(source: dict[str, Any]) -> Any:
 
     data = dict(source.get("config") or {})
     model_type = data.get("model_type")
-
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise UnsupportedModelError(f"the Hugging Face config's model_type {model_type!r} is not one transformers "
                                     f"{transformers.__version__} knows; upgrade transformers or fix the config")
@@ -127,7 +126,7 @@ def check_hf_sizes(config: Any) -> None:
     for cfg in configs:
         for field, kind in HF_SIZES.items():
             value = getattr(cfg, field, None)
-            if value is None or isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, int):
                 continue
             least, most = MODEL_LIMITS[kind]
             if not least <= value <= most:

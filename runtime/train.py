@@ -116,7 +116,9 @@ def run_training(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,
     ``pg_timeout_s`` overrides how long a collective waits for a stopped rank (``plan_pg_timeout_s``);
     ``options``: data file, pretrained weights, clipping, compile."""
     options.check(plan)
-    return_freed_memory()  # a CPU rank's resident set then tracks what it holds (memory.py)
+    # entry points call it before they build (meshplan run's worker, main below); this covers a caller's
+    # own model for the steps, though a heap its build already grew keeps serving from resident pages
+    return_freed_memory()
     created = init_distributed(plan_pg_timeout_s(plan, pg_timeout_s))
     try:
         pm = apply(plan, prepare_model(plan, model, options), optimizer=optimizer, fuse=fuse)
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None, *, model_builder: ModelBuilder | None = 
     args = parser.parse_args(argv)
     plan = Plan.load(args.plan)
     builder = model_builder or load_builder(args.builder)
+    return_freed_memory()  # before the build, or its freed tensors grow the heap that every later one reuses
     torch.manual_seed(args.seed)  # every rank builds the same initial weights
     run_training(plan, builder(plan.model), steps=args.steps, seed=args.seed, fuse=args.fuse,
                  pg_timeout_s=args.pg_timeout, options=options_of(args))
