@@ -16,8 +16,7 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
     buffers                      communication buffers (TP gather outputs, pipeline send/recv,
                                  expert all-to-all, ring-attention K/V, FSDP unsharded layers, the
                                  unsharded copy of FSDP2 standing in for DDP, FSDP2's unsharded
-                                 gradients under torch pipelining, DDP's initial parameter
-                                 broadcast buffer), the
+                                 gradients under torch pipelining), the
                                  optimizer step's temporaries where they exceed the freed
                                  activations, and an allowance for the caching allocator
 
@@ -33,24 +32,31 @@ from __future__ import annotations
 from ..ir.plan import Plan, Schedule
 from .data_parallel import rank_params, runs_ddp, runs_fsdp
 from .flops import kv_width
-from .memory import ACTIVATION_BYTES, STATE_BYTES, layer_activation_bytes, logits_bytes, state_bytes
+from .memory import (ACTIVATION_BYTES, STATE_BYTES, eager_layer_bytes, head_input_bytes, layer_activation_bytes,
+                     logits_bytes, state_bytes)
 from .pipeline import RankLayers, inflight_microbatches
 from .software import DEFAULT, Software
 from .sublayers import replicated_params, replicated_sublayers
 from .summary import ModelSummary
 
 ALLOCATOR_FRACTION = 0.10
-DDP_BROADCAST_BUCKET_BYTES = 250 * 2**20  # DistributedDataParallel.broadcast_bucket_size
 KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
 def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
     d, mesh = summary.dims, plan.mesh
     split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
-    common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
-                  cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout,
-                  selective_saves_matmuls=software.selective_saves_matmuls)
-    per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+    eager = software.eager_modules and software.attention == "flash" and not software.dropout
+    stream_fp32 = eager and plan.dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software)
+    if eager:
+        common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
+                      cp=mesh.cp, ep=mesh.ep, dtype=plan.dtype, stream_fp32=stream_fp32)
+        per = {kind: eager_layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+    else:
+        common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
+                      cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout,
+                      selective_saves_matmuls=software.selective_saves_matmuls)
+        per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
     if layers.full:
@@ -60,12 +66,20 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     if layers.last:
         whole = mesh.tp > 1 and not software.vocab_parallel_loss  # every TP rank gathers all the logits
         kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size,
-                                       tp=1 if whole else mesh.tp, cp=mesh.cp, dtype=plan.dtype)
-        if whole:  # and keeps its own V/tp shard of them, the gather's input, with its gradient
-            shard = plan.seq_len / mesh.cp * plan.micro_batch_size * d.vocab / mesh.tp
-            kept, transient = kept + shard * ACTIVATION_BYTES[plan.dtype], transient + shard * 4.0
+                                       tp=1 if whole else mesh.tp, cp=mesh.cp)
+        if mesh.pp > 1:  # torch pipelining keeps the stage's output, the logits, until its backward
+            kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]
+        elif whole and plan.dtype != "float32":  # the gathered 16-bit logits outlive their upcast (seen in
+            kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]  # a profile of the CPU runtime; not in fp32)
+        if eager:
+            kept += head_input_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, cp=mesh.cp,
+                                     dtype=plan.dtype, stream_fp32=stream_fp32, tp=mesh.tp, sp=plan.sequence_parallel)
         held = plan.num_microbatches if plan.schedule == Schedule.GPIPE and mesh.pp > 1 else 1
         total += held * kept + transient
+    elif mesh.pp > 1:  # the stage's output (the residual stream) is kept by the schedule until its backward
+        stream_b = 4.0 if stream_fp32 or plan.dtype == "float32" else ACTIVATION_BYTES[plan.dtype]
+        slice_div = mesh.tp if plan.sequence_parallel else 1
+        total += inflight * plan.vp * plan.seq_len / mesh.cp * plan.micro_batch_size * d.hidden * stream_b / slice_div
     return total
 
 
@@ -117,13 +131,20 @@ def _unsharded_grad_bytes(dtype: str, software: Software) -> float:
     return grad_b + 4.0 if software.fp32_params and dtype != "float32" else grad_b
 
 
-def _held_from_setup(plan: Plan, dense_params: float, software: Software) -> float:
-    """Buffers left from wrapping the model, held beside everything else through the first steps:
-    DDP's broadcast of the parameters packs them into flat buffers of up to 250 MiB
-    (``_sync_module_states``), and gloo was seen to free the last one only after the first step."""
-    if not (software.ddp_init_broadcast and runs_ddp(plan.mesh, plan.zero_stage)):
-        return 0.0
-    return min(dense_params * STATE_BYTES[_state_dtype(plan.dtype, software)][0], DDP_BROADCAST_BUCKET_BYTES)
+def _grads_at_peak(plan: Plan, grads: float, activations: float) -> float:
+    """The gradient bytes live when activations peak. PyTorch DDP keeps them (views into its buckets,
+    which outlive ``zero_grad``); every other program frees them between steps (``zero_grad``'s
+    ``set_to_none``), and they come back layer by layer in the backward as the activations go. So the
+    first backward of a step, where activations peak, starts without them: with one micro-batch the
+    peak is the larger of the two moments, activations then and gradients at the end; under GPipe the
+    second micro-batch's backward holds the first one's gradients and one micro-batch less of
+    activations. Other schedules, and accumulation over micro-batches, reach the first backward's
+    activations again with every gradient held (a profile of the CPU runtime: at the peak of the
+    ZeRO-3 and GPipe plans only the parameters and the AdamW state were held from before)."""
+    m, mesh = plan.num_microbatches, plan.mesh
+    if runs_ddp(mesh, plan.zero_stage) or (m > 1 and not (plan.schedule == Schedule.GPIPE and mesh.pp > 1)):
+        return grads
+    return max(0.0, grads - activations / m)
 
 
 def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
@@ -140,10 +161,10 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     activations = _activations(summary, plan, layers, software)
+    states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
     optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
-    buffers += _held_from_setup(plan, params.dense, software)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)
     return {**states, "activations": activations, "buffers": buffers}
 

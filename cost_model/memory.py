@@ -25,8 +25,10 @@ shards (S), so that per layer ``bytes = s*b*h * (R / (t if sp else 1) + S / t)``
   k*8f/h for MoE.
 * The attention core: without a fused kernel it stores softmax 2as/h, and with dropout also the
   mask as/h and the dropped-out probabilities 2as/h, i.e. Korthikanti's 5as/h. With
-  SDPA/FlashAttention (our default) that term is absent; the kernel keeps its output 2 and the
-  fp32 log-sum-exp 4a/h instead.
+  SDPA/FlashAttention (our default) that term is absent; the kernel keeps its output and the fp32
+  log-sum-exp 4a/h instead, and its output is the projection's input already counted in S: flash
+  kernels write it in (b, s, heads, head_dim) order, so the transpose back and the reshape to
+  (b, s, h) are views of it (a profile of the CPU runtime: one tensor per layer, not two).
 
 For GPT with dropout, f = 4h and no fused attention this is Korthikanti's table exactly:
 sbh(34 + 5as/h) unsharded, sbh(10 + 24/t + 5as/ht) with TP, sbh/t(34 + 5as/h) with TP+SP.
@@ -38,7 +40,7 @@ about half of the eager SwiGLU layer's bytes); full recompute keeps only the lay
 from __future__ import annotations
 
 from ..ir.graph import ModelDims
-from .flops import kv_width
+from .flops import kv_width, q_width
 
 STATE_BYTES = {"bfloat16": (2, 2, 12), "float16": (2, 2, 12), "float8": (2, 2, 12), "float32": (4, 4, 8)}
 ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float8": 2, "float32": 4}
@@ -69,7 +71,7 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
         sharded += dims.top_k * 8.0 * f / h
     else:
         sharded += 8.0 * f / h
-    core = (2.0 + 4.0 * a / h) if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
+    core = 4.0 * a / h if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
     return whole, sharded, core
 
 
@@ -98,12 +100,81 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> floa
     return 2.0 * elems / h
 
 
+def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+                      cp: int = 1, ep: int = 1, recompute: str = "none", dtype: str = "bfloat16",
+                      stream_fp32: bool = False) -> float:
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as autograd saves them for
+    the zoo's eager modules under meshplan's runtime (``Software.eager_modules``): in ``dtype``
+    (c bytes per element) under ``torch.autocast`` when it is 16-bit. ``stream_fp32``: the layer's
+    parameters are fp32 when it computes (autocast without FSDP2: DDP, TP or PP alone), so the residual
+    stream is fp32 and autocast casts every matmul's fp32 operands to c bytes, each cast kept for the
+    backward; under FSDP2 the gathered parameters, and the stream, are already in ``dtype``.
+
+    Per token, each of width h unless said (SDPA with a flash kernel; no dropout in the zoo):
+
+    * norms (on the sequence slice under SP): LayerNorm keeps its input, in the stream's dtype (r: 4
+      with an fp32 stream, else c); ``nn.RMSNorm`` keeps its input and the normalized tensor, both fp32
+      (it upcasts), 2 x 4 bytes;
+    * the sublayers' inputs (whole on every TP rank: DTensor's SP keeps the gathered tensor): one per
+      sublayer, or with an fp32 stream one cast per projection reading it (q, k, v; GPT's fc1; Llama's
+      w1 and w3; the MoE router);
+    * attention (sharded by TP): Q, K and V at q width (K and V repeated to every head before SDPA,
+      which saves the repeated ones; the rotary embedding saves only its tables), the kernel's output
+      (the output projection's input: flash kernels write it in (b, s, heads, head_dim) order, so the
+      transpose and reshape back are views) and its fp32 log-sum-exp (4 bytes per head);
+    * MLP (sharded by TP): GELU keeps fc1's output and its own, 2 of width f; SwiGLU w1's and w3's
+      outputs, silu and the product, 4 of width f; MoE (replicated over TP in the zoo) per routed copy
+      the expert input (two casts with an fp32 stream), the four SwiGLU tensors, the expert's output
+      and its product with the routing weight (in the stream's dtype: the weights are cast to it),
+      and the fp32 router probabilities (4 bytes per expert);
+    * with an fp32 stream, the c-byte copy of every matmul weight autocast made for this forward
+      (the layer's share under TP and EP; autocast casts views such as an expert's slice each call).
+
+    Full recompute keeps the layer's input (r bytes); selective recompute (``matmul_save_units``) the
+    matmul outputs and the input at r bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks``
+    on the zoo's blocks (tests/cost_model/test_saved_activations.py)."""
+    c = ACTIVATION_BYTES[dtype]
+    stream_fp32 = stream_fp32 and c < 4.0
+    r = 4.0 if stream_fp32 else c
+    tokens = seq_len / cp * micro_batch
+    h, f, q, kv = dims.hidden, dims.ffn_hidden, q_width(dims), kv_width(dims)
+    slice_div = tp if sp else 1
+    if recompute == "full":
+        return tokens * h * r / slice_div
+    moe = dims.family == "moe"
+    norms = 2.0 * (r if dims.family == "gpt" else 8.0) * h
+    attn_in = (3.0 if stream_fp32 else 1.0) * c * h
+    if dims.family == "gpt":
+        mlp_in, mlp = c * h, 2.0 * f * c
+    elif moe:
+        k = dims.top_k
+        mlp_in = c * h  # the router's input (its cast with an fp32 stream, else the norm's output)
+        mlp = k * ((2.0 if stream_fp32 else 1.0) * c * h + 4.0 * f * c + c * h + r * h) + 4.0 * dims.experts
+    else:
+        mlp_in, mlp = (2.0 if stream_fp32 else 1.0) * c * h, 4.0 * f * c
+    attn = 4.0 * q * c + 4.0 * dims.heads
+    per_token = norms / slice_div + attn_in + mlp_in + attn / tp + (mlp if moe else mlp / tp)
+    weights = 0.0
+    if stream_fp32:
+        attn_w = 2.0 * h * q + 2.0 * h * kv
+        if moe:
+            weights = attn_w / tp + h * dims.experts + dims.experts / ep * 3.0 * h * f
+        else:
+            weights = (attn_w + (2.0 if dims.family == "gpt" else 3.0) * h * f) / tp
+    none = tokens * per_token + c * weights
+    if recompute == "selective":  # matmul_save_units: 2-byte units of s*b*h, the layer's input among them
+        units = matmul_save_units(dims, tp=tp, sp=sp)
+        return min(tokens * h * (units * c / 2.0 + (r - c) / slice_div), none)
+    return none
+
+
 def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                            cp: int = 1, recompute: str = "none", flash: bool = True, dropout: bool = False,
                            dtype: str = "bfloat16", selective_saves_matmuls: bool = False) -> float:
-    """Bytes one layer keeps for its backward, per micro-batch, on one GPU. ``selective_saves_matmuls``:
-    selective recompute keeps the matmul outputs and recomputes the rest (``matmul_save_units``, never
-    more than no recompute), not Korthikanti's attention core alone."""
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as Korthikanti et al. count
+    them (Megatron's fused modules; meshplan's own program: ``eager_layer_bytes``).
+    ``selective_saves_matmuls``: selective recompute keeps the matmul outputs and recomputes the rest
+    (``matmul_save_units``, never more than no recompute), not Korthikanti's attention core alone."""
     sbh = seq_len / cp * micro_batch * dims.hidden * ACTIVATION_BYTES[dtype] / 2.0
     whole_div = tp if sp else 1
     if recompute == "full":
@@ -117,13 +188,30 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
     return sbh * (whole / whole_div + sharded / tp)
 
 
-def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int,
-                 dtype: str = "bfloat16") -> tuple[float, float]:
-    """(kept, transient) bytes of the output layer and loss for one micro-batch: the logits
-    (vocab-parallel, V/tp), their fp32 upcast and log-softmax kept for the backward, and the two fp32
-    gradients the loss's backward holds at once (cross-entropy is log-softmax then NLL: the NLL
-    backward writes a dense gradient of the log-probabilities, and the log-softmax backward writes
-    the logits' gradient while that one is still alive; seen in a profile of the CPU runtime)."""
+def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int) -> tuple[float, float]:
+    """(kept, transient) bytes of the output layer and loss for one micro-batch (``zoo.loss_fn``:
+    cross-entropy of the logits upcast to fp32, i.e. log-softmax then NLL), whatever the compute dtype.
+    Kept for the backward: the fp32 log-softmax output only; the logits (V/tp, vocab-parallel) are
+    freed once upcast (nothing saves them: the output layer saves its input, the upcast nothing), in
+    fp32 once the log-softmax has read them. Transient, at the start of the backward, the largest
+    moment: the two fp32 gradients the loss's backward holds at once (the NLL backward writes a dense
+    gradient of the log-probabilities, and the log-softmax backward writes the logits' gradient while
+    that one is still alive). A profile of the CPU runtime saw both: three logits-sized fp32 tensors at
+    the peak, in fp32 and in bf16. The forward's moment (logits, their upcast, the log-softmax: at most
+    10 bytes per element) is smaller."""
     elems = seq_len / cp * micro_batch * dims.vocab / tp
-    kept = elems * (ACTIVATION_BYTES[dtype] + 4.0 + 4.0) if dtype != "float32" else elems * 8.0
-    return kept, elems * 8.0
+    return elems * 4.0, elems * 8.0
+
+
+def head_input_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, cp: int, dtype: str = "bfloat16",
+                     stream_fp32: bool = False, tp: int = 1, sp: bool = False) -> float:
+    """Bytes the final norm and the output layer keep for the backward, per micro-batch, in meshplan's
+    eager program (``eager_layer_bytes``): the norm's saved tensors (on the sequence slice under SP), the
+    output layer's input (whole), and with an fp32 stream autocast's copy of the output weight (V/tp)."""
+    c = ACTIVATION_BYTES[dtype]
+    stream_fp32 = stream_fp32 and c < 4.0
+    r = 4.0 if stream_fp32 else c
+    tokens = seq_len / cp * micro_batch
+    norm = r if dims.family == "gpt" else 8.0
+    weight = c * dims.vocab * dims.hidden / tp if stream_fp32 else 0.0
+    return tokens * dims.hidden * (norm / (tp if sp else 1) + c) + weight

@@ -66,10 +66,14 @@ Fields:
   micro-batches run under ``no_sync()`` accumulate in ``param.grad`` outside DDP's all-reduce buckets,
   so the buckets are a second copy of them (with one micro-batch, ``gradient_as_bucket_view=True``
   makes the gradients views into the buckets: one copy).
-* ``ddp_init_broadcast``: PyTorch DDP broadcasts rank 0's parameters when it wraps the model, packed
-  into flat buffers of up to 250 MiB (``_sync_module_states``); on gloo the last buffer was seen
-  still allocated during the first steps (``bench/cpu_memory.py``: 21 MB on one rank, the plan's
-  whole parameters), so the footprint keeps one.
+* ``eager_modules``: the model's own PyTorch modules run eagerly, under ``torch.autocast`` for a
+  16-bit dtype (meshplan's runtime, ``codegen/precision.py``): activations as autograd saves them
+  there (``memory.eager_layer_bytes``: nn.RMSNorm's fp32 tensors, autocast's casts of fp32 inputs and
+  weights under DDP or TP alone), not Korthikanti's count of Megatron's fused modules. PyTorch DDP's
+  broadcast of the parameters at wrap time (``_sync_module_states``) is not counted: its buffer, at
+  most the parameters' bytes, is gone before the first optimizer step makes the AdamW state (twice
+  the parameters' bytes), so it is never the peak (a profile of the CPU runtime: the 21 MB block seen
+  at the second step is DDP rebuilding its gradient buckets, with the old ones freed).
 * ``grad_accumulation_add``: every micro-batch after the first adds its weight gradients to those
   accumulated so far, a memory-bound pass over them (autograd's ``AccumulateGrad``; FSDP2 adds the
   reduce-scattered shard, or under torch pipelining the unsharded gradients); Megatron's gradient
@@ -122,7 +126,7 @@ class Software:
     dtensor_tp_styles: bool = False
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
-    ddp_init_broadcast: bool = False
+    eager_modules: bool = False
     grad_accumulation_add: bool = False
     fsdp_under_pipeline: bool = False
     selective_saves_matmuls: bool = False
@@ -144,7 +148,7 @@ class Software:
 # (runtime/planned.py).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
-                   ddp_init_broadcast=True, grad_accumulation_add=True, fp32_params=True,
+                   eager_modules=True, grad_accumulation_add=True, fp32_params=True,
                    selective_saves_matmuls=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et

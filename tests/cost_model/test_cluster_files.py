@@ -141,15 +141,16 @@ def test_a_slower_network_exposes_the_data_parallel_all_reduce_by_what_its_numbe
 
 
 def test_a_slower_network_changes_the_chosen_plan(tmp_path) -> None:
-    """llama3-8b, batch 32 on 2 x 8 H100s: on 4 x 100 Gb/s per node (the preset: a 400 Gb/s NIC per GPU)
-    the planner moves fewer bytes across nodes than on the preset. Seen: ZeRO-3 over 16 ranks on the
-    preset, ZeRO-2 on the slow network (one parameter gather per step instead of two; FSDP2 shards
-    ZeRO-2's parameters at rest, so it fits); before ZeRO-2 was priced so, DP stayed inside a node.
+    """llama3-8b, batch 32 on 2 x 8 H100s: on 2 x 100 Gb/s per node (the preset: a 400 Gb/s NIC per GPU)
+    the planner moves fewer bytes across nodes than on the preset. Seen: ZeRO-2 over 16 ranks on the
+    preset, pp=4 x dp=4 on the slow network (on 4 x 100 Gb/s ZeRO-2 over 16 ranks still wins).
     What must hold whatever the plans: they differ, and the preset's plan, pinned on the slow network,
     is predicted slower there than the plan chosen for it."""
     import meshplan as mp
 
-    slow_path = write(tmp_path, four_by_100g())
+    two_links = four_by_100g()
+    two_links["tiers"][1]["links_per_node"] = _n(2)
+    slow_path = write(tmp_path, two_links)
     fast = mp.autoparallelize("llama3-8b", "h100-sxm:2x8", global_batch=32, seq_len=4096)
     slow = mp.autoparallelize("llama3-8b", slow_path, global_batch=32, seq_len=4096)
     choice = lambda p: (p.mesh, p.zero_stage, p.micro_batch_size)  # noqa: E731

@@ -97,7 +97,9 @@ def test_plan_level_activation_orders(pp, mb, schedule) -> None:
     act = lambda **kw: memory_breakdown(GRAPH, cluster, _plan(cluster, **{**dict(pp=pp, mb=mb, schedule=schedule),
                                                                            **kw}))["activations"]
     assert act(recompute="full") <= act(recompute="none")
-    assert act(mb=2 * mb) >= act()
+    # twice the tokens per micro-batch, as many micro-batches (not act(mb=2 * mb) >= act(): autocast's
+    # weight copies are per micro-batch in flight, so GPipe with fewer, larger ones may hold less)
+    assert act(mb=2 * mb, gb=32) >= act()
 
 
 @FAST

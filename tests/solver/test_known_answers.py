@@ -117,9 +117,13 @@ def test_solver_statistics_time_each_phase_and_survive_json() -> None:
 
 
 def test_nvl72_rack_is_one_scale_up_domain_for_tensor_parallelism() -> None:
-    """A GB200 tray holds 4 GPUs but NVLink joins all 72 of the rack: tp may span trays, and for
-    Llama 3 405B on 576 GPUs it does (tp 8 over NVLink); on H100 nodes of 8 it never exceeds 8."""
+    """A GB200 tray holds 4 GPUs but NVLink joins all 72 of the rack: tp may span trays (a group of 8
+    is one NVLink phase) and a Llama 3 405B plan on 576 GPUs with tp 8 is feasible; on H100 nodes of 8
+    tp never exceeds 8. (The planner's own choice there is pp=36 x tp=2: under meshplan's runtime,
+    DTensor's sequence parallelism keeps each column-parallel input gathered, which tp 8 pays for in
+    activation memory, and was seen to pick tp 8 only while the cost model divided those inputs by tp.)"""
     from meshplan.cost_model import parse_cluster
+    from meshplan.cost_model.collectives import group_phases
     from meshplan.solver.space import scale_up_gpus, tp_degrees
 
     nvl72 = parse_cluster("gb200-nvl72:144x4")
@@ -127,5 +131,7 @@ def test_nvl72_rack_is_one_scale_up_domain_for_tensor_parallelism() -> None:
     dims = ir.ModelDims(family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
                         vocab=128256)
     assert max(tp_degrees(dims, scale_up_gpus(nvl72), nvl72.world_size)) == 8
-    plan = mp.autoparallelize("llama3-405b", nvl72, global_batch=512, seq_len=8192)
+    assert [(tier.kind.value, k) for tier, k in group_phases(8, 1, nvl72)] == [("scale-up", 8.0)]
+    plan = mp.autoparallelize("llama3-405b", nvl72, global_batch=512, seq_len=8192, fixed={"tp": 8})
     assert plan.mesh.tp > nvl72.gpus_per_node, plan.report()
+    assert plan.prediction.peak_memory_bytes <= plan.prediction.memory_limit_bytes
