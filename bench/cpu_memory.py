@@ -117,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<38} {got['resident'] / mb:9.2f} {got['in_step'] / mb:8.2f} {got['peak'] / mb:9.2f} "
               f"{predicted / mb:9.2f} {state / mb:10.2f} {(predicted - state) / mb:12.2f} "
               f"{ratio:6.2f}{'  UNDER' if ratio < 1.0 else ''}")
+    wide = sum(r > 1.25 for r in ratios)
     print(f"\nMB per rank (the most loaded); ratio = predicted / measured over {len(ratios)} plans: "
           f"min {min(ratios):.2f}, max {max(ratios):.2f}; under-estimates: {len(under)}"
-          + (f" ({', '.join(under)})" if under else ""))
+          + (f" ({', '.join(under)})" if under else "") + f"; over by more than 25%: {wide}")
     return 0
 
 

@@ -148,8 +148,10 @@ def _grads_at_peak(plan: Plan, grads: float, activations: float) -> float:
 
 
 def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
-                software: Software = DEFAULT) -> dict[str, float]:
-    """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring)."""
+                software: Software = DEFAULT, activations: float | None = None) -> dict[str, float]:
+    """Peak bytes of one GPU of pipeline rank ``layers.rank``, by kind (see the module docstring).
+    ``activations``: the rank's activation bytes when the caller has them (a model without blocks,
+    ``graph_cost.graph_memory``), else priced per layer here."""
     mesh = plan.mesh
     params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims))
     replicas = mesh.dp * mesh.cp
@@ -160,7 +162,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         dense["params"] = state_bytes(params.dense, dp=shard_group, zero_stage=3, dtype=state_dtype)["params"]
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
-    activations = _activations(summary, plan, layers, software)
+    if activations is None:
+        activations = _activations(summary, plan, layers, software)
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
     optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0

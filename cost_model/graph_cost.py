@@ -54,7 +54,7 @@ from ..ir.plan import Plan, Prediction
 from .data_parallel import OPTIMIZER_BYTES_PER_PARAM, RankParams, data_parallel_cost, optimizer_step_s
 from .dispatch import optimizer_dispatches, single_tensor_adamw_excess_s
 from .estimate import _accumulation_s, _loss_reduce_s, _optimizer_shard_params
-from .footprint import ALLOCATOR_FRACTION, rank_memory
+from .footprint import rank_memory
 from .hardware import Cluster
 from .kernels import (attention_fwd_bwd_s, matmul_fwd_bwd_s, matmul_time_s, memory_time_s,
                       transcendental_excess_s)
@@ -171,10 +171,8 @@ def graph_memory(graph: Graph, plan: Plan, work: GraphWork, software: Software =
     summary = ModelSummary(dims=_NO_LAYERS, total_params=total, tp_params=0, norm_params=0, expert_params=0,
                            embed_params=total, head_params=0)
     as_run = replace(plan, zero_stage=3) if plan.zero_stage == 2 else plan
-    memory = rank_memory(summary, as_run, RankLayers(rank=0, first=True, last=True), software)
-    memory["activations"] = work.activation_bytes
-    memory["buffers"] += ALLOCATOR_FRACTION * work.activation_bytes
-    return memory
+    return rank_memory(summary, as_run, RankLayers(rank=0, first=True, last=True), software,
+                       activations=work.activation_bytes)
 
 
 def graph_estimate(graph: Graph, cluster: Cluster, plan: Plan, *, work: GraphWork | None = None,
