@@ -7,12 +7,15 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
                                  master weights (software.fp32_params: meshplan's runtime); ZeRO-2
                                  under FSDP2 (reshard_after_forward=False) shards the parameters at
                                  rest too, and holds every unit's gathered copy from forward to
-                                 backward (a buffer, in the compute dtype)
+                                 backward (a buffer, in the compute dtype); the gradients only as far
+                                 as they are held when the activations peak (_grads_at_peak)
     activations                  sum over its layers of the per-layer bytes x micro-batches in flight
-                                 (pipeline.inflight_microbatches), plus one layer rematerialized
-                                 during the backward when it recomputes, plus on the last rank the
-                                 logits and loss of one micro-batch (all of them under GPipe): whole
-                                 on every TP rank unless the program's loss is vocab-parallel
+                                 (pipeline.inflight_microbatches; meshplan's eager program:
+                                 memory.eager_layer_bytes, else Korthikanti's count), plus one layer
+                                 rematerialized during the backward when it recomputes, plus on the
+                                 last rank the logits and loss of one micro-batch (all of them under
+                                 GPipe): whole on every TP rank unless the program's loss is
+                                 vocab-parallel; under torch pipelining each stage's output too
     buffers                      communication buffers (TP gather outputs, pipeline send/recv,
                                  expert all-to-all, ring-attention K/V, FSDP unsharded layers, the
                                  unsharded copy of FSDP2 standing in for DDP, FSDP2's unsharded
