@@ -80,7 +80,8 @@ def _time_rows(pred) -> list[str]:
 def _memory_rows(pred) -> list[str]:
     rows = []
     for key in ("params", "grads", "optimizer", "activations", "buffers"):
-        rows.append(_row(key, _bytes(pred.memory_bytes[key])))
+        note = "those held when activations peak" if key == "grads" else ""
+        rows.append(_row(key, _bytes(pred.memory_bytes[key]), note))
     limit = pred.memory_limit_bytes
     note = f"of {limit / GB:.1f} GB ({pred.peak_memory_bytes / limit:.0%})" if limit else ""
     rows.append(_row("peak", _bytes(pred.peak_memory_bytes), note))
