@@ -36,7 +36,7 @@ from ..ir.plan import Plan, Schedule
 from .data_parallel import rank_params, runs_ddp, runs_fsdp
 from .flops import kv_width
 from .memory import (ACTIVATION_BYTES, STATE_BYTES, eager_layer_bytes, head_input_bytes, layer_activation_bytes,
-                     logits_bytes, state_bytes)
+                     logits_bytes, state_bytes, stream_bytes)
 from .pipeline import RankLayers, inflight_microbatches
 from .software import DEFAULT, Software
 from .sublayers import replicated_params, replicated_sublayers
@@ -51,15 +51,15 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
     eager = software.eager_modules and software.attention == "flash" and not software.dropout
     stream_fp32 = eager and plan.dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software)
+    common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
+                  cp=mesh.cp, dtype=plan.dtype)
     if eager:
-        common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
-                      cp=mesh.cp, ep=mesh.ep, dtype=plan.dtype, stream_fp32=stream_fp32)
-        per = {kind: eager_layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+        layer_bytes, common = eager_layer_bytes, dict(common, ep=mesh.ep, stream_fp32=stream_fp32)
     else:
-        common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
-                      cp=mesh.cp, dtype=plan.dtype, flash=software.attention == "flash", dropout=software.dropout,
-                      selective_saves_matmuls=software.selective_saves_matmuls)
-        per = {kind: layer_activation_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+        layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
+                                                           dropout=software.dropout,
+                                                           selective_saves_matmuls=software.selective_saves_matmuls)
+    per = {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
     if layers.full:
@@ -70,17 +70,18 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
         whole = mesh.tp > 1 and not software.vocab_parallel_loss  # every TP rank gathers all the logits
         kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size,
                                        tp=1 if whole else mesh.tp, cp=mesh.cp)
-        if mesh.pp > 1:  # torch pipelining keeps the stage's output, the logits, until its backward
-            kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]
-        elif whole and plan.dtype != "float32":  # the gathered 16-bit logits outlive their upcast (seen in
-            kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]  # a profile of the CPU runtime; not in fp32)
+        # the logits themselves, in the compute dtype, stay alive: torch pipelining keeps the stage's output
+        # until its backward, and the gathered 16-bit logits outlive their upcast (seen in a profile of the
+        # CPU runtime; not in fp32)
+        if mesh.pp > 1 or (whole and plan.dtype != "float32"):
+            kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]  # kept is the fp32 log-softmax: 4 bytes a logit
         if eager:
             kept += head_input_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, cp=mesh.cp,
                                      dtype=plan.dtype, stream_fp32=stream_fp32, tp=mesh.tp, sp=plan.sequence_parallel)
         held = plan.num_microbatches if plan.schedule == Schedule.GPIPE and mesh.pp > 1 else 1
         total += held * kept + transient
     elif mesh.pp > 1:  # the stage's output (the residual stream) is kept by the schedule until its backward
-        stream_b = 4.0 if stream_fp32 or plan.dtype == "float32" else ACTIVATION_BYTES[plan.dtype]
+        stream_b = stream_bytes(plan.dtype, stream_fp32)[1]
         slice_div = mesh.tp if plan.sequence_parallel else 1
         total += inflight * plan.vp * plan.seq_len / mesh.cp * plan.micro_batch_size * d.hidden * stream_b / slice_div
     return total

@@ -40,7 +40,7 @@ about half of the eager SwiGLU layer's bytes); full recompute keeps only the lay
 from __future__ import annotations
 
 from ..ir.graph import ModelDims
-from .flops import kv_width, q_width
+from .flops import attention_params, dense_mlp_params, expert_params, kv_width, layer_matmul_params, q_width
 
 STATE_BYTES = {"bfloat16": (2, 2, 12), "float16": (2, 2, 12), "float8": (2, 2, 12), "float32": (4, 4, 8)}
 ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float8": 2, "float32": 4}
@@ -133,16 +133,15 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
     Full recompute keeps the layer's input (r bytes); selective recompute (``matmul_save_units``) the
     matmul outputs and the input at r bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks``
     on the zoo's blocks (tests/cost_model/test_saved_activations.py)."""
-    c = ACTIVATION_BYTES[dtype]
-    stream_fp32 = stream_fp32 and c < 4.0
-    r = 4.0 if stream_fp32 else c
+    c, r = stream_bytes(dtype, stream_fp32)
+    stream_fp32 = r > c
     tokens = seq_len / cp * micro_batch
-    h, f, q, kv = dims.hidden, dims.ffn_hidden, q_width(dims), kv_width(dims)
+    h, f, q = dims.hidden, dims.ffn_hidden, q_width(dims)
     slice_div = tp if sp else 1
     if recompute == "full":
         return tokens * h * r / slice_div
     moe = dims.family == "moe"
-    norms = 2.0 * (r if dims.family == "gpt" else 8.0) * h
+    norms = 2.0 * _norm_saved_bytes(dims, r) * h
     attn_in = (3.0 if stream_fp32 else 1.0) * c * h
     if dims.family == "gpt":
         mlp_in, mlp = c * h, 2.0 * f * c
@@ -154,13 +153,10 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
         mlp_in, mlp = (2.0 if stream_fp32 else 1.0) * c * h, 4.0 * f * c
     attn = 4.0 * q * c + 4.0 * dims.heads
     per_token = norms / slice_div + attn_in + mlp_in + attn / tp + (mlp if moe else mlp / tp)
-    weights = 0.0
+    weights = 0.0  # the matmul weights autocast copies, this rank's share (router whole, experts over ep)
     if stream_fp32:
-        attn_w = 2.0 * h * q + 2.0 * h * kv
-        if moe:
-            weights = attn_w / tp + h * dims.experts + dims.experts / ep * 3.0 * h * f
-        else:
-            weights = (attn_w + (2.0 if dims.family == "gpt" else 3.0) * h * f) / tp
+        weights = (attention_params(dims) / tp + dense_mlp_params(dims) + expert_params(dims) / ep if moe
+                   else layer_matmul_params(dims) / tp)
     none = tokens * per_token + c * weights
     if recompute == "selective":  # matmul_save_units: 2-byte units of s*b*h, the layer's input among them
         units = matmul_save_units(dims, tp=tp, sp=sp)
@@ -208,10 +204,20 @@ def head_input_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, cp: int
     """Bytes the final norm and the output layer keep for the backward, per micro-batch, in meshplan's
     eager program (``eager_layer_bytes``): the norm's saved tensors (on the sequence slice under SP), the
     output layer's input (whole), and with an fp32 stream autocast's copy of the output weight (V/tp)."""
-    c = ACTIVATION_BYTES[dtype]
-    stream_fp32 = stream_fp32 and c < 4.0
-    r = 4.0 if stream_fp32 else c
+    c, r = stream_bytes(dtype, stream_fp32)
     tokens = seq_len / cp * micro_batch
-    norm = r if dims.family == "gpt" else 8.0
-    weight = c * dims.vocab * dims.hidden / tp if stream_fp32 else 0.0
-    return tokens * dims.hidden * (norm / (tp if sp else 1) + c) + weight
+    weight = c * dims.vocab * dims.hidden / tp if r > c else 0.0
+    return tokens * dims.hidden * (_norm_saved_bytes(dims, r) / (tp if sp else 1) + c) + weight
+
+
+def stream_bytes(dtype: str, stream_fp32: bool = False) -> tuple[float, float]:
+    """(c, r): bytes per element of what a layer computes in ``dtype``, and of the residual stream, fp32
+    when the parameters are fp32 at compute under autocast (``stream_fp32``, 16-bit dtypes only)."""
+    c = float(ACTIVATION_BYTES[dtype])
+    return c, 4.0 if stream_fp32 else c
+
+
+def _norm_saved_bytes(dims: ModelDims, r: float) -> float:
+    """Bytes per element of width h one norm keeps: LayerNorm its input in the stream's dtype,
+    ``nn.RMSNorm`` its input and the normalized tensor, both fp32."""
+    return r if dims.family == "gpt" else 8.0
