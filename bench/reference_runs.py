@@ -3,23 +3,40 @@ and leave-one-source-out.
 
     python bench/reference_runs.py [--csv FILE] [--breakdown]
 
-Each row becomes a GPT graph (its layers, hidden, heads, FFN, vocabulary; the cost model reads
-only ``graph.dims`` and the parameter total), the plan the source published (tp, pp, dp, vp,
-micro-batch (1 when absent), recompute, ZeRO stage), and the software the source ran
-(``cost_model.Software``: its attention kernel and what it overlaps; one description per source,
-never per row). The prediction is compared with the measurement the way the source counts it
-(REFERENCE.md sec. 0):
+Each row becomes a graph of its zoo family (``family``: ``gpt``, the default, with biases and a plain FFN;
+``llama``, SwiGLU without biases; ``kv_heads`` for grouped-query attention; the cost model reads only
+``graph.dims`` and the parameter total), the plan the source published (tp, pp, dp, cp, vp, micro-batch (1
+when absent), recompute, ZeRO stage, ``dtype``: bf16 when empty, fp8 and mxfp8 as ``float8``), on the
+accelerator preset of its ``gpu_type`` (``HARDWARE``), and the software the source ran
+(``cost_model.Software``: its attention kernel and what it overlaps; one description per source, never per
+row, ``SOFTWARE`` says why each fits). The prediction is compared with the measurement the way the source
+counts it (REFERENCE.md sec. 0):
 
 * Narayanan et al. 2021 (Tables 1 and 2): hardware TFLOP/s per GPU with the recompute forward,
   F = 96*B*s*l*h^2*(1 + s/6h + V/16lh) (their eq. 3), over the predicted step time;
 * Korthikanti et al. 2022: iteration times (Table 5) or MFU, both turned into model TFLOP/s per GPU
   with F = 72*B*L*s*h^2*(1 + s/6h + v/12hL) (their eq. 7) and the 312 TF peak;
-* Megatron-Core H100 table: model TFLOP/s per GPU (eq. 7, which is Megatron's own count).
+* Megatron-Core H100 table: model TFLOP/s per GPU (eq. 7, which is Megatron's own count);
+* NeMo 24.07 performance summary and Megatron-Bridge's performance summaries (NeMo 25.09-26.06
+  containers): tokens/s per GPU (``measured_tokens_per_s_per_gpu``), compared with global batch * sequence /
+  GPUs / predicted step time: no FLOP formula enters (their Model TFLOP/s are copied for reference only);
+* NeMo's long-sequence table (only TFLOP/s per GPU published): NeMo's own Llama FLOP count (``nemo_flops``,
+  copied from NeMo's ``flops_formulas.py`` of the time, attention not halved for the causal mask);
+* Llama 3 (arXiv:2407.21783 Table 4): TFLOP/s per GPU by the PaLM MFU count the paper cites
+  (``palm_flops``: 6N + 12*L*h*s per token).
+
+Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
+or one whose axes do not multiply to the GPUs, an accelerator without a preset (GB300, B300), a precision the
+cost model has no dtype for (NVFP4) or that the source does not state, an architecture ``zoo.ModelConfig``
+cannot express (MoE with MLA or shared experts, head_dim != hidden/heads, sliding-window attention, hybrid
+Mamba). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
+micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
+405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
+split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2).
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
-MAPE is the mean of its absolute value over every row that has a measurement and a plan. Rows
-without a published parallel layout are listed as skipped, with the reason. This is a benchmark,
-not a test: it prints and asserts nothing.
+MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
+benchmark, not a test: it prints and asserts nothing.
 
 What was fitted to these rows, and the leave-one-source-out (LOSO) error
 ------------------------------------------------------------------------
@@ -32,13 +49,16 @@ they come from). LOSO predicts each source's rows with constants chosen without 
   (``hardware.BUS_EFFICIENCY``, from NCCL issues) and the overlap slowdown (``Software``, Lee et al.
   2025) each cite a source outside this file, and none has changed since it was written. So the
   shipped model's LOSO error is, numerically, its in-sample error; the table prints both to show it.
-* That is not out-of-sample accuracy. The software presets (``cost_model/software.py``: one per
+* That is not out-of-sample accuracy for the first three publications (Narayanan, Korthikanti, the
+  Megatron-LM README). The software presets (``cost_model/software.py``: one per
   source, which overlaps it runs, its attention kernel, DeepSpeed's flat ZeRO-3 collectives, ...)
   were hand-written while these rows were visible, one per source (the commit that added them
   moved this bench's MAPE from 46% to 8%); ``collectives.flat_collective_time`` names Narayanan's
   Table 2 as its evidence. Such choices cannot be refitted without the source they were made for,
-  so no number here removes them: a source the presets were not written for is the honest test
-  (add its rows to the CSV, with the software it ran).
+  so no number here removes them: a source the presets were not written for is the honest test.
+  The NeMo, Megatron-Bridge and Llama 3 rows are such sources (added after the presets, mapped to an
+  existing preset, ``SOFTWARE``), on accelerators (B200, GB200) no row had before; no constant was
+  changed for them.
 * What can be refitted is a calibration a user would add: one efficiency factor per accelerator
   that scales the predicted throughput, fitted by least squares on log(measured / predicted) (the
   mean log-ratio) over the training rows; an accelerator without training rows takes the factor
@@ -58,6 +78,7 @@ from pathlib import Path
 
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, estimate, software_named
+from meshplan.solver.stages import bounds, megatron_counts
 
 # the published runs and the accelerators, each row with its source (copied from the project's
 # shared notes so that a clone of the repository has them)
@@ -69,7 +90,32 @@ SOFTWARE = {
     "deepspeed": "deepspeed-zero3-2021",
     "korthikanti": "megatron-lm-2021",
     "mcore": "megatron-core-2024",
+    # NeMo 24.03-25.04 containers: NeMo's GPT/Llama/Nemotron models are Megatron-Core models (Transformer Engine
+    # fused attention, the distributed optimizer, the overlaps of --overlap-grad-reduce/--overlap-param-gather and
+    # TP comm overlap in NeMo's performance recipes), i.e. the program megatron-core-2024 describes. Known
+    # differences the preset does not carry: Llama and Nemotron run without dropout (the preset keeps Megatron's
+    # GPT default of 0.1), and FP8 through Transformer Engine.
+    "nemo": "megatron-core-2024",
+    # Megatron-Bridge (NeMo 25.09-26.08 containers) trains Megatron-Core models with the same overlaps (its perf
+    # recipes set comm_overlap with TP userbuffers and overlap_param_gather); same differences as "nemo". Rows with
+    # FSDP > 0 ran Megatron-FSDP, predicted as ZeRO-3 under this preset (whole-layer prefetch, hierarchical
+    # collectives), which no preset was written for.
+    "bridge": "megatron-core-2024",
+    # Meta's Llama 3 stack (arXiv:2407.21783 sec. 3.3.2) is its own PyTorch program: no preset describes it. The
+    # closest is megatron-core-2024: fused attention, TP/CP/PP with interleaving and asynchronous P2P, gradients
+    # reduce-scattered in fp32 (the paper's words, = fp32_grad_reduce), and FSDP that shards optimizer state and
+    # gradients but keeps parameters gathered from the forward to the backward, which moves the bytes of the
+    # distributed optimizer (one parameter all-gather, one gradient reduce-scatter per step): predicted as ZeRO-1.
+    # Not described by the preset: its all-gather (not ring) CP, NCCLX, no dropout, and whether TP comm overlaps.
+    "llama3": "megatron-core-2024",
 }
+
+# The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.
+HARDWARE = {"A100": "a100-80gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72"}
+
+# The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
+# Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 has no dtype in the cost model.
+DTYPES = {"": "bfloat16", "bf16": "bfloat16", "fp8": "float8", "mxfp8": "float8"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,8 +127,8 @@ class Run:
     cfg: zoo.ModelConfig
     plan: ir.Plan
     cluster: Cluster
-    unit: str  # "hw" (eq. 3 TFLOP/s) or "model" (eq. 7 TFLOP/s)
-    measured_tflops: float
+    unit: str  # "hw" (eq. 3 TFLOP/s), "model" (eq. 7 TFLOP/s), "palm" or "nemo" (TFLOP/s), "tok" (tokens/s/GPU)
+    measured: float  # in ``unit``
     measured_step_s: float | None
     assumed: str  # what the row does not say and we assumed, or ""
 
@@ -114,8 +160,28 @@ def eq7_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
     return 72.0 * batch * l * s * h * h * (1 + s / (6 * h) + v / (12 * h * l))
 
 
-def _int(text: str, default: int | None = None) -> int | None:
-    return int(text) if text.strip() else default
+def palm_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
+    """Chowdhery et al. 2023 (PaLM, app. B), the MFU count of the Llama 3 paper: 6N + 12*L*h*s FLOPs per token
+    (attention counted over the whole sequence, not halved for the causal mask); N is every parameter."""
+    return batch * s * (6.0 * zoo.param_count(cfg) + 12.0 * cfg.layers * cfg.hidden * s)
+
+
+def nemo_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
+    """NeMo's model FLOPs for Llama as its long-context tables were written (``nemo/utils/flops_formulas.py``
+    ``llama2``/``llama3`` at NVIDIA/NeMo 19fadb67b0, May 2025: attention not halved for the causal mask; its
+    vocabulary is the row's)."""
+    l, h, v = cfg.layers, cfg.hidden, cfg.vocab
+    return batch * s * l * h * h * (12 + 12 * cfg.kv_heads / cfg.heads + 18 * cfg.ffn_hidden / h + 12 * s / h
+                                     + 6 * v / (l * h))
+
+
+def _int(text: str | None, default: int | None = None) -> int | None:
+    return int(text) if text and text.strip() else default
+
+
+def _cell(row: dict[str, str], column: str) -> str:
+    """A cell of a column older CSVs may lack (read as empty)."""
+    return (row.get(column) or "").strip()
 
 
 def _source(row: dict[str, str]) -> str:
@@ -124,6 +190,12 @@ def _source(row: dict[str, str]) -> str:
         return "deepspeed" if row["zero_stage"].strip() == "3" else "narayanan"
     if src.startswith("Korthikanti"):
         return "korthikanti"
+    if src.startswith("NVIDIA/NeMo"):
+        return "nemo"
+    if src.startswith("NVIDIA-NeMo/Megatron-Bridge"):
+        return "bridge"
+    if src.startswith("Llama Team"):
+        return "llama3"
     return "mcore"
 
 
@@ -147,15 +219,31 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
     return "none", tp > 1
 
 
+MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default to sequence parallelism and ZeRO-1
+
+
 def build_run(row: dict[str, str]) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted."""
     source = _source(row)
+    family = _cell(row, "family") or "gpt"
+    if family not in ("gpt", "llama"):
+        return f"architecture not expressible by zoo.ModelConfig: {family}"
+    gpu = row["gpu_type"].split()[0].split("-")[0]
+    preset = HARDWARE.get(gpu)
+    if preset is None:
+        return f"no hardware preset for {gpu} (cost_model/presets)"
+    if _cell(row, "dtype") not in DTYPES:
+        return ("precision not published" if _cell(row, "dtype") == "unstated"
+                else f"dtype {_cell(row, 'dtype')} has no counterpart in the cost model")
+    dtype = DTYPES[_cell(row, "dtype")]
     tp, pp, dp = _int(row["tp"]), _int(row["pp"]), _int(row["dp"])
+    cp = _int(_cell(row, "cp"), 1)
     if tp is None or pp is None or dp is None:
         return "parallel layout (tp, pp, dp) not published"
     gpus = int(row["gpus"])
-    if tp * pp * dp != gpus:
-        return f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus})"
+    if tp * pp * dp * cp != gpus:
+        return (f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus})" if cp == 1 else
+                f"tp({tp}) * pp({pp}) * dp({dp}) * cp({cp}) = {tp * pp * dp * cp} != gpus({gpus}) as published")
     assumed = []
     batch = _int(row["global_batch"])
     if batch is None:
@@ -166,24 +254,44 @@ def build_run(row: dict[str, str]) -> Run | str:
     mb = _int(row["micro_batch"], 1)
     vp = _int(row["vp"], 1)
     s, layers = int(row["seq_len"]), int(row["layers"])
-    cfg = zoo.ModelConfig(family="gpt", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
-                          ffn_hidden=_int(row["ffn_hidden"], 0), vocab=int(row["vocab"]), max_seq_len=s,
-                          name=row["model"])
+    cfg = zoo.ModelConfig(family=family, layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
+                          kv_heads=_int(_cell(row, "kv_heads"), 0), ffn_hidden=_int(row["ffn_hidden"], 0),
+                          vocab=int(row["vocab"]), max_seq_len=s, name=row["model"])
     recompute, sp = _recompute(row, source, tp)
-    zero = _int(row["zero_stage"], 1 if source == "mcore" else 0)  # mcore: --overlap-param-gather needs the
-    if batch % (mb * dp):                                           # distributed optimizer (ZeRO-1)
+    zero = _int(row["zero_stage"], 1 if source in MCORE_LIKE else 0)  # mcore: --overlap-param-gather needs the
+    if batch % (mb * dp):                                                # distributed optimizer (ZeRO-1)
         return f"global batch {batch} does not split into micro-batches of {mb} over dp {dp}"
-    if vp > 1 and layers % (pp * vp):
+    split = _cell(row, "pipeline_split")
+    if split == "embedding+loss" and pp > 1:
+        # Megatron's --account-for-embedding/loss-in-pipeline-split (Llama 3.1 405B: 126 layers + 2 slots)
+        try:
+            stages = bounds(megatron_counts(layers, pp, vp, embedding=True, loss=True))
+        except ir.PlanError as exc:
+            return f"pipeline split not expressible: {exc}"
+    elif vp > 1 and layers % (pp * vp):
         return f"{layers} layers do not split into pp({pp}) * vp({vp}) chunks"
-    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
-    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
-    plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=batch, seq_len=s,
-                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp, micro_batch_size=mb,
-                   num_microbatches=batch // (mb * dp), schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
-                   recompute=(recompute,) * layers, stages=even_stages(layers, pp * vp) if pp > 1 else ())
+    else:
+        stages = even_stages(layers, pp * vp) if pp > 1 else ()
+    base = Cluster.preset(preset)
+    per_node = base.gpus_per_node
+    cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
+    try:
+        plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=batch, seq_len=s,
+                       mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp), zero_stage=zero, sequence_parallel=sp,
+                       micro_batch_size=mb, num_microbatches=batch // (mb * dp),
+                       schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
+                       recompute=(recompute,) * layers, stages=stages, dtype=dtype)
+    except ir.PlanError as exc:
+        return f"plan not expressible: {exc}"
     step = re.search(r"iteration_time_s=([\d.]+)", row["notes"])
     step_s = float(step.group(1)) if step else None
-    if source in ("narayanan", "deepspeed"):
+    if _cell(row, "measured_tokens_per_s_per_gpu"):
+        unit, measured = "tok", float(_cell(row, "measured_tokens_per_s_per_gpu"))
+    elif source == "llama3":
+        unit, measured = "palm", float(row["measured_tflops_per_gpu"])
+    elif source == "nemo":
+        unit, measured = "nemo", float(row["measured_tflops_per_gpu"])
+    elif source in ("narayanan", "deepspeed"):
         unit, measured = "hw", float(row["measured_tflops_per_gpu"])
     elif row["measured_tflops_per_gpu"].strip():
         unit, measured = "model", float(row["measured_tflops_per_gpu"])
@@ -195,18 +303,24 @@ def build_run(row: dict[str, str]) -> Run | str:
         return "no measurement"
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
     return Run(label=label, source=source, publication=publication(row["source"]), hardware=preset, cfg=cfg,
-               plan=plan, cluster=cluster, unit=unit, measured_tflops=measured, measured_step_s=step_s, assumed="; ".join(assumed))
+               plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed))
 
 
-def predicted_tflops(run: Run, step_s: float) -> float:
-    flops = eq3_flops if run.unit == "hw" else eq7_flops
-    return flops(run.cfg, run.plan.global_batch, run.plan.seq_len) / run.plan.world_size / step_s / 1e12
+FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}
+
+
+def predicted_value(run: Run, step_s: float) -> float:
+    """The prediction in the row's unit: TFLOP/s per GPU by the source's FLOP count, or tokens/s per GPU."""
+    plan = run.plan
+    if run.unit == "tok":
+        return plan.global_batch * plan.seq_len / plan.world_size / step_s
+    return FLOPS[run.unit](run.cfg, plan.global_batch, plan.seq_len) / plan.world_size / step_s / 1e12
 
 
 def _plan_text(plan: ir.Plan) -> str:
     m = plan.mesh
     rc = plan.recompute[0] if plan.recompute else "none"
-    return (f"tp{m.tp} pp{m.pp} dp{m.dp} mb{plan.micro_batch_size}"
+    return (f"tp{m.tp} pp{m.pp} dp{m.dp}" + (f" cp{m.cp}" if m.cp > 1 else "") + f" mb{plan.micro_batch_size}"
             + (f" v{plan.vp}" if plan.vp > 1 else "") + (f" z{plan.zero_stage}" if plan.zero_stage else "")
             + f" {rc[:4]}" + (" sp" if plan.sequence_parallel else ""))
 
@@ -215,11 +329,11 @@ def _plan_text(plan: ir.Plan) -> str:
 class Result:
     run: Run
     prediction: ir.Prediction
-    predicted_tflops: float
+    predicted: float  # in the run's unit (``predicted_value``)
 
     @property
     def error(self) -> float:
-        return self.predicted_tflops / self.run.measured_tflops - 1
+        return self.predicted / self.run.measured - 1
 
 
 def evaluate(csv_path: Path) -> tuple[list[Result], list[str]]:
@@ -233,7 +347,7 @@ def evaluate(csv_path: Path) -> tuple[list[Result], list[str]]:
             skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
             continue
         pred = estimate(graph_of(run.cfg), run.cluster, run.plan, software=software_named(SOFTWARE[run.source]))
-        results.append(Result(run=run, prediction=pred, predicted_tflops=predicted_tflops(run, pred.step_time_s)))
+        results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))
     return results, skipped
 
 
@@ -253,7 +367,7 @@ def fit_factor(train: list[Result], hardware: str) -> tuple[float, str]:
     rows, basis = (same, hardware) if same else (train, "pooled")
     if not rows:
         return 1.0, "none"
-    return math.exp(sum(math.log(r.run.measured_tflops / r.predicted_tflops) for r in rows) / len(rows)), basis
+    return math.exp(sum(math.log(r.run.measured / r.predicted) for r in rows) / len(rows)), basis
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +380,7 @@ class Fitted:
 
     @property
     def error(self) -> float:
-        return self.result.predicted_tflops * self.factor / self.result.run.measured_tflops - 1
+        return self.result.predicted * self.factor / self.result.run.measured - 1
 
 
 def calibrated(results: list[Result], train_of: Callable[[Result], list[Result]]) -> list[Fitted]:
@@ -303,7 +417,7 @@ def loso_table(results: list[Result]) -> str:
     was fitted to these rows: its LOSO error is the same), then the per-accelerator factor's, fitted in
     sample and leaving each row's publication out."""
     fitted_in, fitted_out = in_sample(results), leave_one_source_out(results)
-    head = (f"{'group':<46} {'rows':>4} | {'shipped: MAPE  signed':>21} | {'factor in-sample: MAPE  signed':>30} | "
+    head = (f"{'group':<60} {'rows':>4} | {'shipped: MAPE  signed':>21} | {'factor in-sample: MAPE  signed':>30} | "
             f"{'LOSO: factor (fit on)':>21}   MAPE  signed")
     lines = [head, "-" * len(head)]
     keys = (("publication", lambda r: r.run.publication), ("accelerator", lambda r: r.run.hardware),
@@ -312,7 +426,7 @@ def loso_table(results: list[Result]) -> str:
         for name in dict.fromkeys(key(r) for r in results):
             idx = [i for i, r in enumerate(results) if key(r) == name]
             label = f"{title}: {name}" if title else name
-            lines.append(f"{label[:46]:<46} {len(idx):4d} | {_stats([results[i].error for i in idx]):>21} | "
+            lines.append(f"{label[:60]:<60} {len(idx):4d} | {_stats([results[i].error for i in idx]):>21} | "
                          f"{_stats([fitted_in[i].error for i in idx]):>30} | "
                          f"{_factor_text([fitted_out[i] for i in idx]):>21} {_stats([fitted_out[i].error for i in idx])}")
     return "\n".join(lines)
@@ -322,7 +436,7 @@ def _line(res: Result) -> str:
     run, pred = res.run, res.prediction
     fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
     line = (f"{run.label:<46} {SOFTWARE[run.source]:<21} {_plan_text(run.plan):<30} {run.unit:<5} "
-            f"{res.predicted_tflops:7.1f} {run.measured_tflops:7.1f} {res.error:+7.1%}  "
+            f"{res.predicted:7.1f} {run.measured:7.1f} {res.error:+7.1%}  "
             f"{pred.peak_memory_bytes / 1e9:5.1f} GB {fits}")
     if run.measured_step_s is not None:
         line += f"  (step {pred.step_time_s:.2f} s vs {run.measured_step_s:.2f} s)"

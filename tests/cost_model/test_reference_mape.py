@@ -1,14 +1,21 @@
 """The published runs of bench/data/reference_runs.csv, predicted by bench/reference_runs.py with
-their published plans and one set of constants per accelerator: the mean error stays under 10%; and
-the leave-one-source-out fit that the bench prints never sees the source it predicts.
+their published plans and one set of constants per accelerator: on the three publications the software
+presets were written against, the mean error stays under 10%; every row of the other sources is
+predicted or skipped with its reason, each row cites a file and commit or a paper table; and the
+leave-one-source-out fit that the bench prints never sees the source it predicts.
+
+The newer sources (NeMo, Megatron-Bridge, Llama 3) are not held to an error bound: they measure how the
+model generalises (the bench prints their errors), and a bound chosen after seeing them would be a fit.
 
 The bench prints the tables (``python bench/reference_runs.py``); this guards the figures against
 regressions. The data ships in the repository (``bench/data``), so nothing here is skipped."""
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -34,25 +41,73 @@ def results():
     return bench, found, skipped
 
 
-def test_mape_over_all_published_runs_is_under_ten_percent(results) -> None:
-    bench, found, skipped = results
-    assert len(found) >= 40 and len(skipped) <= 2  # only the strong-scaling endpoints lack a layout
-    assert bench.mape(found) < 0.10
+# the publications the software presets were written against (bench module docstring)
+ORIGINAL = {"Narayanan arXiv:2104.04473", "Korthikanti arXiv:2205.05198", "NVIDIA/Megatron-LM README"}
+# the sources added after them (issue 13): NeMo's two performance pages, Megatron-Bridge's summaries, Llama 3
+ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_sequence.md",
+         "NVIDIA-NeMo/Megatron-Bridge performance-summary", "Llama arXiv:2407.21783"}
 
 
-def test_no_row_is_off_by_more_than_a_third(results) -> None:
+def _rows(bench) -> list[dict[str, str]]:
+    with open(bench.DATA / "reference_runs.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_mape_over_the_original_publications_is_under_ten_percent(results) -> None:
+    bench, found, _ = results
+    original = [r for r in found if r.run.publication in ORIGINAL]
+    assert len(original) == 41  # every row of the three but the two strong-scaling endpoints
+    assert bench.mape(original) < 0.10
+
+
+def test_no_original_row_is_off_by_more_than_a_third(results) -> None:
     _, found, _ = results
-    worst = max(found, key=lambda r: abs(r.error))
+    worst = max((r for r in found if r.run.publication in ORIGINAL), key=lambda r: abs(r.error))
     assert abs(worst.error) < 0.33, f"{worst.run.label}: {worst.error:+.0%}"
 
 
 def test_rows_group_by_publication_not_by_table(results) -> None:
     bench, found, _ = results
     pubs = {r.run.publication for r in found}
-    assert len(pubs) == 3, pubs  # Narayanan's tables 1 and 2 are one paper, Korthikanti's table and abstract one
+    assert pubs == ORIGINAL | ADDED, pubs  # Narayanan's tables 1 and 2 are one paper, Korthikanti's table and abstract one
     assert bench.publication("Narayanan et al. SC'21 (arXiv:2104.04473) Table 1; x") == \
         bench.publication('"Narayanan et al. SC\'21 (arXiv:2104.04473) Table 2 (PTD-P)"')
-    assert {r.run.hardware for r in found} == {"a100-80gb", "h100-sxm"}
+    assert {r.run.hardware for r in found} == {"a100-80gb", "h100-sxm", "b200", "gb200-nvl72"}
+    # Megatron-Bridge's current page and its archive, every container's table, are one source
+    assert len({bench.publication(row["source"]) for row in _rows(bench) if "Megatron-Bridge" in row["source"]}) == 1
+
+
+def test_every_row_cites_a_file_and_commit_or_a_paper_table(results) -> None:
+    bench = results[0]
+    commit = re.compile(r"\b(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    for line, row in enumerate(_rows(bench), 2):
+        src = row["source"]
+        cites_file = commit.search(src) and re.search(r"[\w-]+/[\w.-]+|\.(md|png)\b", src)
+        cites_paper = re.search(r"arXiv:\d{4}\.\d{4,5}", src) and re.search(r"Table|abstract|§|sec\.", src)
+        assert cites_file or cites_paper, f"line {line}: {src}"
+
+
+def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
+    bench, found, skipped = results
+    rows = _rows(bench)
+    assert len(found) + len(skipped) == len(rows)
+    known = ("parallel layout (tp, pp, dp) not published", "tp(", "no hardware preset for ",
+             "dtype nvfp4 has no counterpart", "precision not published", "architecture not expressible by zoo")
+    for line in skipped:
+        reason = line.split(": ", 2)[2]
+        assert reason.startswith(known), line
+    # every new row reaches the cost model or names why not; the predicted new rows span the added sources
+    assert {r.run.publication for r in found if r.run.publication not in ORIGINAL} == ADDED
+    assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
+
+
+def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
+    bench, found, _ = results
+    r = next(r for r in found if r.run.unit == "tok")
+    plan = r.run.plan
+    assert r.predicted == pytest.approx(plan.global_batch * plan.seq_len / plan.world_size / r.prediction.step_time_s)
+    llama = [r for r in found if r.run.cfg.family == "llama"]
+    assert llama and all(r.run.cfg.kv_heads < r.run.cfg.heads for r in llama if "LLAMA2" not in r.run.label[:9])
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:
@@ -68,7 +123,7 @@ def test_loso_factor_never_sees_the_source_it_predicts(results) -> None:
     other publications' LOSO factors on the same accelerator move."""
     bench, found, _ = results
     held = found[0].run.publication
-    moved = [dataclasses.replace(r, run=dataclasses.replace(r.run, measured_tflops=r.run.measured_tflops * 2))
+    moved = [dataclasses.replace(r, run=dataclasses.replace(r.run, measured=r.run.measured * 2))
              if r.run.publication == held else r for r in found]
     before, after = bench.leave_one_source_out(found), bench.leave_one_source_out(moved)
     for b, a in zip(before, after):
@@ -93,5 +148,6 @@ def test_bench_prints_both_tables(results, capsys) -> None:
     bench.main([])
     out = capsys.readouterr().out
     assert "leave-one-source-out" in out and "LOSO" in out
-    for label in ("publication: Narayanan arXiv:2104.04473", "accelerator: h100-sxm", "all rows"):
+    for label in ("publication: Narayanan arXiv:2104.04473", "accelerator: h100-sxm", "all rows",
+                  "publication: Llama arXiv:2407.21783", "accelerator: gb200-nvl72", "accelerator: b200"):
         assert label in out
