@@ -23,10 +23,12 @@ counts it (REFERENCE.md sec. 0):
 * NeMo's long-sequence table (only TFLOP/s per GPU published): NeMo's own Llama FLOP count (``nemo_flops``,
   copied from NeMo's ``flops_formulas.py`` of the time, attention not halved for the causal mask);
 * Llama 3 (arXiv:2407.21783 Table 4): TFLOP/s per GPU by the PaLM MFU count the paper cites
-  (``palm_flops``: 6N + 12*L*h*s per token).
+  (``palm_flops``: 6N + 12*L*h*s per token);
+* MosaicML llm-foundry's MPT benchmarks (``scripts/train/benchmarking/README.md``): Throughput (T/s/GPU),
+  compared as tokens/s per GPU.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
-or one whose axes do not multiply to the GPUs, an accelerator without a preset (GB300, B300), a precision the
+or one whose axes do not multiply to the GPUs, an accelerator without a preset (GB300, B300, A100 40GB), a precision the
 cost model has no dtype for (NVFP4) or that the source does not state, an architecture ``zoo.ModelConfig``
 cannot express (MoE with MLA or shared experts, head_dim != hidden/heads, sliding-window attention, hybrid
 Mamba). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
@@ -56,7 +58,7 @@ they come from). LOSO predicts each source's rows with constants chosen without 
   moved this bench's MAPE from 46% to 8%); ``collectives.flat_collective_time`` names Narayanan's
   Table 2 as its evidence. Such choices cannot be refitted without the source they were made for,
   so no number here removes them: a source the presets were not written for is the honest test.
-  The NeMo, Megatron-Bridge and Llama 3 rows are such sources (added after the presets, mapped to an
+  The NeMo, Megatron-Bridge, Llama 3 and llm-foundry rows are such sources (added after the presets, mapped to an
   existing preset, ``SOFTWARE``), on accelerators (B200, GB200) no row had before; no constant was
   changed for them.
 * What can be refitted is a calibration a user would add: one efficiency factor per accelerator
@@ -108,6 +110,13 @@ SOFTWARE = {
     # distributed optimizer (one parameter all-gather, one gradient reduce-scatter per step): predicted as ZeRO-1.
     # Not described by the preset: its all-gather (not ring) CP, NCCLX, no dropout, and whether TP comm overlaps.
     "llama3": "megatron-core-2024",
+    # MosaicML llm-foundry (Composer) trains MPT with PyTorch FSDP FULL_SHARD, eager modules under autocast, fp32
+    # sharded parameters gathered in bf16 and gradients reduced in fp32 (FSDP mixed precision DEFAULT), flash
+    # attention and no tensor or pipeline parallelism: the program the "meshplan" preset describes (FSDP, eager,
+    # fp32 params), the closest preset. Differences: FSDP1's FlatParameter keeps parameters as views into the
+    # all-gather buffer (the preset's zero_copy_buffers copies them out, as FSDP2 does), Composer's FSDP1 prefetch
+    # policy, and its A100 70B rows run PURE bf16 (bf16 parameters). No preset describes FSDP1 itself.
+    "foundry": "meshplan",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.
@@ -196,6 +205,8 @@ def _source(row: dict[str, str]) -> str:
         return "bridge"
     if src.startswith("Llama Team"):
         return "llama3"
+    if src.startswith("mosaicml/llm-foundry"):
+        return "foundry"
     return "mcore"
 
 
@@ -229,9 +240,9 @@ def build_run(row: dict[str, str]) -> Run | str:
     if family not in ("gpt", "llama"):
         return f"architecture not expressible by zoo.ModelConfig: {family}"
     gpu = row["gpu_type"].split()[0].split("-")[0]
-    preset = HARDWARE.get(gpu)
+    preset = HARDWARE.get(gpu) if "40GB" not in row["gpu_type"] else None
     if preset is None:
-        return f"no hardware preset for {gpu} (cost_model/presets)"
+        return f"no hardware preset for {row['gpu_type'].split()[0]} (cost_model/presets)"
     if _cell(row, "dtype") not in DTYPES:
         return ("precision not published" if _cell(row, "dtype") == "unstated"
                 else f"dtype {_cell(row, 'dtype')} has no counterpart in the cost model")

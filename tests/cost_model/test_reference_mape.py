@@ -43,9 +43,11 @@ def results():
 
 # the publications the software presets were written against (bench module docstring)
 ORIGINAL = {"Narayanan arXiv:2104.04473", "Korthikanti arXiv:2205.05198", "NVIDIA/Megatron-LM README"}
-# the sources added after them (issue 13): NeMo's two performance pages, Megatron-Bridge's summaries, Llama 3
+# the sources added after them (issue 13): NeMo's two performance pages, Megatron-Bridge's summaries, Llama 3,
+# llm-foundry's MPT benchmarks
 ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_sequence.md",
-         "NVIDIA-NeMo/Megatron-Bridge performance-summary", "Llama arXiv:2407.21783"}
+         "NVIDIA-NeMo/Megatron-Bridge performance-summary", "Llama arXiv:2407.21783",
+         "mosaicml/llm-foundry scripts/train/benchmarking/README.md"}
 
 
 def _rows(bench) -> list[dict[str, str]]:
