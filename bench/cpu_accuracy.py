@@ -14,7 +14,7 @@ plans on 4 gloo processes.
    uses one measured earlier; a profile of another kind of machine is refused.
 2. Predict every plan with ``cost_model.estimate`` on the profile's cluster (the meshplan runtime's
    software: SDPA attention, DDP/FSDP overlap, ZeRO-1 as DDP + ZeroRedundancyOptimizer, TP through
-   DTensor's per-Linear styles with the loss on gathered logits). Besides FLOPs and bytes the CPU
+   DTensor's per-Linear styles with the vocab-parallel loss). Besides FLOPs and bytes the CPU
    model charges what the profile measured per unit of the program's structure: each eager op
    dispatched, plain or on DTensors (``cost_model/dispatch.py``), GELU, log-softmax and Adam's square
    root per element, fresh pages of tensors of 32 MiB or more, the wait of each collective call,

@@ -50,6 +50,8 @@ class TPStyle:
     out: str | None = None
     kwarg: str | None = None  # prepare_input(_output): the input is this keyword argument, not the first positional
     local: bool = False  # prepare_input: hand the module a plain local tensor (use_local_output)
+    dtensor_out: bool = False  # colwise: return the output as a DTensor (use_local_output=False), as the
+    # vocabulary-sharded logits that the vocab-parallel loss takes (runtime.loss)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StyleKind(self.kind))
@@ -75,7 +77,8 @@ class TPStyle:
         if kind in (StyleKind.PREPARE_INPUT, StyleKind.PREPARE_OUTPUT):
             return f"{kind}({self.src} -> {self.dst})"
         default_src, default_out = ("R", "S(-1)") if kind == StyleKind.COLWISE else ("S(-1)", "R")
-        return f"{kind}({self.src or default_src} -> {self.out or default_out})"
+        dtensor = ", DTensor" if self.dtensor_out else ""
+        return f"{kind}({self.src or default_src} -> {self.out or default_out}{dtensor})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

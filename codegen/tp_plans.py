@@ -33,6 +33,10 @@ from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
 SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
+# the output head: column-parallel over the vocabulary, its logits left sharded (a DTensor) for the
+# vocab-parallel loss (runtime.loss); under SP it takes the sequence-sharded stream and gathers it
+VOCAB_HEAD = TPStyle(kind=StyleKind.COLWISE, src="R", out="S(-1)", dtensor_out=True)
+SP_VOCAB_HEAD = TPStyle(kind=StyleKind.COLWISE, src="S(1)", out="S(-1)", dtensor_out=True)
 SUBLAYER_NAMES = ("attn", "mlp")
 
 
@@ -73,7 +77,8 @@ def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     """Embedding, final norm and output head.
 
     The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). The output head
-    is column-parallel over the vocabulary and gathered to R so the loss sees whole logits. A head tied
+    is column-parallel over the vocabulary and keeps its logits sharded, ``S(-1)`` as a DTensor: the
+    loss is vocab-parallel (``runtime.loss``) and no rank holds whole logits. A head tied
     to the embedding keeps both replicated: one parameter cannot be split by rows for one and by
     columns for the other.
 
@@ -96,7 +101,7 @@ def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     if sp:
         plan.append((s.final_norm, SP_NORM))
     if s.head:
-        plan.append((s.head, TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="R")))
+        plan.append((s.head, VOCAB_HEAD if not sp else SP_VOCAB_HEAD))
     return tuple(plan)
 
 
@@ -114,7 +119,7 @@ def _root_plan_cut_at_blocks(s: ModelStructure, sp: bool) -> tuple[tuple[str, TP
         plan.append((s.block_path(0), TPStyle(kind=StyleKind.PREPARE_INPUT, src="R", dst="S(1)", local=True)))
         plan.append((s.final_norm, SP_NORM))
     if s.head and not s.tied_head:
-        plan.append((s.head, TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="R")))
+        plan.append((s.head, VOCAB_HEAD if not sp else SP_VOCAB_HEAD))
     elif s.head and sp:  # a replicated (tied) head takes the whole sequence
         plan.append((s.head, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", local=True)))
     return tuple(plan)
@@ -213,6 +218,8 @@ def torch_call(style: TPStyle) -> tuple[str, Kwargs]:
     kind = style.kind
     if kind in (StyleKind.COLWISE, StyleKind.ROWWISE):
         kwargs = (("input_layouts", style.src), ("output_layouts", style.out))
+        if style.dtensor_out:
+            kwargs += (("use_local_output", False),)
     elif kind == StyleKind.PREPARE_INPUT:
         kwargs = _input_layouts(style) + ((("use_local_output", True),) if style.local else ())
     elif kind == StyleKind.PREPARE_OUTPUT:

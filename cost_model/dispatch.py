@@ -161,7 +161,10 @@ def edge_dispatches(dims: ModelDims, tp: int, sp: bool, *, first: bool, last: bo
     if last:
         out = out + _norms(1, norm_params(dims), on_dtensors=sp and on_dtensors)
         out = out + _linears(1, bias=False, on_dtensors=on_dtensors)
-        out = out + Dispatches(plain_fwd=6, plain_bwd=4)  # views, log-softmax, NLL; their backward
+        if on_dtensors:  # vocab-parallel (runtime.loss): the view and upcast, log-softmax, NLL on the shards
+            out = out + Dispatches(dtensor_fwd=3, plain_fwd=2, dtensor_bwd=3)
+        else:
+            out = out + Dispatches(plain_fwd=6, plain_bwd=4)  # views, log-softmax, NLL; their backward
     return out
 
 

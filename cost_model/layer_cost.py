@@ -236,10 +236,11 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
     and a cross-entropy in fp32 that reads and writes about 18 bytes per logit forward (bf16 read,
     fp32 upcast, log-softmax) and as many backward, or at the measured log-softmax rate where that
     is slower (CPUs); under TP the hidden state is all-gathered (SP) or its gradient all-reduced.
-    Megatron's cross-entropy is vocab-parallel (V/tp logits per rank); meshplan's runtime gathers the
-    logits (``codegen/tp_plans.py``: the output head is ColwiseParallel with output R): an all-gather
-    of the m*V logits and the concatenation of the gathered shards forward, and the full-vocabulary
-    loss on every rank; with SP the hidden state's all-gather forward and reduce-scatter backward.
+    The cross-entropy is vocab-parallel (V/tp logits per rank: Megatron's, and meshplan's runtime's
+    ``loss_parallel``, whose three per-token all-reduces are timed here); a software without it
+    (``Software.vocab_parallel_loss=False``) gathers the logits: an all-gather of the m*V logits and
+    the concatenation of the gathered shards forward, and the full-vocabulary loss on every rank;
+    with SP the hidden state's all-gather forward and reduce-scatter backward.
     On a CPU the loss path's logits-sized tensors are new memory when they reach 32 MiB
     (``kernels.fresh_pages_s``).
     """
@@ -273,6 +274,9 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         gather = "all-gather" if shape.sp else "all-reduce"
         comm_b += collective_time(gather, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(gather, act, tp)
+        if runtime and not gathered:  # loss_parallel: all-reduces of one fp32 value per token (max, sum, target)
+            comm_f += 3 * (collective_time("all-reduce", 4 * m, tp, 1, cluster) + sync)
+            tp_bytes += 3 * bus_bytes("all-reduce", 4 * m, tp)
         if gathered:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
             comm_f += collective_time("all-gather", logits * ab, tp, 1, cluster) + sync
             fwd += memory_time_s(accel, 2 * logits * ab, 1) + fresh_pages_s(accel, logits * ab, 2)

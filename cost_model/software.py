@@ -87,9 +87,10 @@ Fields:
   bf16 gradient to the fp32 ``reduce_dtype`` before its reduce-scatter (``foreach_reduce``), so a
   unit's gradients are held in both dtypes at once.
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
-  ``vocab_parallel_cross_entropy``), else the output layer gathers whole logits to every TP rank and
-  each computes the full loss (meshplan's runtime: ``ColwiseParallel(output_layouts=Replicate())``
-  on the output head, ``codegen/tp_plans.py``), holding V, not V/tp, logits per token.
+  ``vocab_parallel_cross_entropy``; meshplan's runtime: the output head keeps its logits ``Shard(-1)``
+  and ``runtime.loss`` runs torch's ``loss_parallel``), holding V/tp logits per token and exchanging
+  one value per token three times (max, sum of exponentials, target logit); else the output layer
+  gathers whole logits to every TP rank and each computes the full loss, holding V.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -146,7 +147,7 @@ class Software:
 # reductions with the backward and FSDP2 prefetches the next layer (and copies parameters out of,
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
 # (runtime/planned.py).
-DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=False,
+DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=True,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
                    eager_modules=True, grad_accumulation_add=True, fp32_params=True,
                    selective_saves_matmuls=True)

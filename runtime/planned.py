@@ -11,6 +11,9 @@ Precision follows ``plan.dtype`` (``codegen.precision``): under bf16 the forward
 while the parameters, their gradients and the optimizer state stay fp32 (master weights) and gradients
 are reduced in fp32; the logits come out in bf16 and the loss is a cross-entropy in fp32 on them
 (``token_cross_entropy`` casts first). fp32 plans run in fp32 throughout.
+
+Under tensor parallelism the logits stay sharded over the vocabulary (a ``DTensor``) and the default
+loss is vocab-parallel (``runtime.loss``); a ``loss_fn`` of the user's gets them whole.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -32,6 +34,7 @@ from .context import data_group, sequence_split
 from .distributed import device_for_rank, init_distributed, pg_timeout_s
 from .expert import expert_shard_groups, gather_expert_shard
 from .interpret import State, execute
+from .loss import on_whole_logits, token_cross_entropy
 from .materialize import is_meta
 from .pipeline import build_schedule, full_parameters as pipeline_parameters, run_schedule
 
@@ -64,11 +67,6 @@ def logits_of(output: object) -> torch.Tensor:
 def output_cross_entropy(output: object, targets: torch.Tensor) -> torch.Tensor:
     """The default loss: token cross-entropy on the logits of whatever the model returned."""
     return token_cross_entropy(logits_of(output), targets)
-
-
-def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 (the formula of ``meshplan.zoo.loss_fn``)."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
 class PlannedModule:
@@ -224,8 +222,9 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     """Shard ``model`` as ``plan`` says, inside an initialized process group (or under torchrun).
 
     ``optimizer``: params -> Optimizer (default AdamW lr 1e-3); with ZeRO-1 it is wrapped in a
-    ``ZeroRedundancyOptimizer``. ``loss_fn(logits, targets)`` for ``step`` (default: mean token
-    cross-entropy in fp32, as ``meshplan.zoo.loss_fn``). ``mesh``: a DeviceMesh to use instead of building one; it must have
+    ``ZeroRedundancyOptimizer``. ``loss_fn(output, targets)`` for ``step`` (default: mean token
+    cross-entropy in fp32, as ``meshplan.zoo.loss_fn``, vocab-parallel under tp; a ``loss_fn`` given here
+    sees the output with whole logits, ``runtime.loss.whole_logits``). ``mesh``: a DeviceMesh to use instead of building one; it must have
     the plan's axes and sizes (``lower(plan).mesh.dims``). ``fuse``: run the plan's fusions as generated
     Triton kernels (``FuseKernel`` steps; set ``TRITON_INTERPRET=1`` before importing triton to run them on
     CPU).
@@ -251,7 +250,8 @@ def apply(plan: Plan, model: nn.Module, *, optimizer: OptimizerFactory | None = 
     # weights moves to the device whole, then is sharded
     state = execute(program, model if is_meta(model) else model.to(device), device, mesh=mesh)
     factory = optimizer or default_optimizer
-    return PlannedModule(program, state, _build_optimizer(state, factory), loss_fn or output_cross_entropy)
+    return PlannedModule(program, state, _build_optimizer(state, factory),
+                          on_whole_logits(loss_fn) if loss_fn else output_cross_entropy)
 
 
 def _check_model(plan: Plan, program: Program, model: nn.Module) -> None:

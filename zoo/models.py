@@ -212,5 +212,9 @@ class Transformer(nn.Module):
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy, in fp32."""
+    """Mean token cross-entropy, in fp32. Logits a tensor-parallel head leaves sharded over the vocabulary
+    (a DTensor) are gathered whole first; ``meshplan.runtime.token_cross_entropy`` computes the same loss
+    vocab-parallel, without gathering them."""
+    if hasattr(logits, "full_tensor"):  # a DTensor
+        logits = logits.full_tensor()
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())

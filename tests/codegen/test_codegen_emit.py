@@ -36,7 +36,8 @@ def test_zero3_tp_script_reads_like_a_recipe() -> None:
     assert src.startswith('"""Train gpt-tiny with the meshplan plan: dp=2 x tp=2, zero-3, sp')
     assert 'mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))' in src
     assert '"attn.wo": RowwiseParallel(output_layouts=Shard(1)),' in src
-    assert '"output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),' in src
+    # the logits stay sharded over the vocabulary for the vocab-parallel loss (runtime.loss)
+    assert '"output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),' in src
     assert "    for i in range(4):\n        parallelize_module(model.layers[i], mesh[\"tp\"], {" in src
     assert "model.layers[i] = checkpoint_wrapper(" in src
     assert 'fully_shard(model.layers[i], mesh=mesh["dp"], reshard_after_forward=True)' in src

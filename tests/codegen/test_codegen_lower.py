@@ -66,7 +66,7 @@ def test_dp_x_tp_with_sp() -> None:
     root_styles = dict(root.plan)
     assert root_styles["embed"] == TPStyle(kind=StyleKind.PREPARE_OUTPUT, src="R", dst="S(1)")
     assert root_styles["norm"].kind == StyleKind.SEQUENCE_PARALLEL
-    assert str(root_styles["output"]) == "colwise(S(1) -> R)"
+    assert str(root_styles["output"]) == "colwise(S(1) -> S(-1), DTensor)"  # vocab-parallel loss
     styles = dict(block.plan)
     assert sorted(styles) == ["attn", "attn.wk", "attn.wo", "attn.wq", "attn.wv", "attn_norm", "mlp", "mlp.fc1",
                               "mlp.fc2", "mlp_norm"]

@@ -41,7 +41,7 @@ def test_split_first_then_tp_recompute_fsdp_per_stage_part() -> None:
     assert list(parts) == ["embed.tok", "embed", "norm", "output"]  # each runs only on the stage that holds it
     assert parts["embed.tok"].kind == StyleKind.ROWWISE
     assert parts["embed"].kind == StyleKind.PREPARE_OUTPUT  # gpt: R -> S(1) after adding positions
-    assert parts["norm"].kind == StyleKind.SEQUENCE_PARALLEL and str(parts["output"]) == "colwise(S(1) -> R)"
+    assert parts["norm"].kind == StyleKind.SEQUENCE_PARALLEL and str(parts["output"]) == "colwise(S(1) -> S(-1), DTensor)"
     shards = [s for s in program.steps if isinstance(s, FullyShard)]
     assert [s.reshard_after_forward for s in shards] == [True] * 4 + [False]
 

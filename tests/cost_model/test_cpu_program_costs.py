@@ -11,6 +11,7 @@ import pytest
 
 from meshplan.cost_model import cluster_from_profile, collective_time, memory_time_s, software_named
 from meshplan.cost_model.layer_cost import LayerShape, edge_cost, layer_cost
+from meshplan.cost_model.software import DEFAULT
 
 from test_profile_cluster import synthetic_profile
 
@@ -51,8 +52,10 @@ def test_the_loss_runs_log_softmax_at_its_measured_rate_on_the_logits_it_sees(di
     accel = cluster().accelerator
     tokens = 4 * 128
     for tp, software, logits in ((1, None, tokens * dims.vocab),  # one rank: all logits
-                                 (4, None, tokens * dims.vocab),  # meshplan: gathered, the full loss on each rank
-                                 (4, software_named("megatron-core-2024"), tokens * dims.vocab / 4)):  # vocab-parallel
+                                 (4, None, tokens * dims.vocab / 4),  # meshplan: vocab-parallel (runtime.loss)
+                                 (4, software_named("megatron-core-2024"), tokens * dims.vocab / 4),  # vocab-parallel
+                                 # a software that gathers the logits runs the full loss on each rank
+                                 (4, dataclasses.replace(DEFAULT, vocab_parallel_loss=False), tokens * dims.vocab)):
         s = shape(dims, tp=tp, software=software)
         a, b = edge_cost(s, cluster(), first=False, last=True), edge_cost(s, cluster(False), first=False, last=True)
         assert a.fwd_compute_s - b.fwd_compute_s == pytest.approx(
@@ -61,27 +64,33 @@ def test_the_loss_runs_log_softmax_at_its_measured_rate_on_the_logits_it_sees(di
             LSM_BWD * logits - memory_time_s(accel, 12 * logits, 0), rel=1e-9)
 
 
+GATHERING = dataclasses.replace(DEFAULT, vocab_parallel_loss=False)  # the whole-logits loss, for comparison
+
+
 @pytest.mark.parametrize("sync_s", [0.0, 2e-3])
-def test_the_tp_loss_path_gathers_the_logits(dims, sync_s) -> None:
+def test_the_tp_loss_path_is_vocab_parallel(dims, sync_s) -> None:
     c = cluster(sync_s=sync_s)
-    logits_bytes = 16 * 128 * dims.vocab * 4
-    gather = collective_time("all-gather", logits_bytes, 4, 1, c) + sync_s
+    tokens = 16 * 128
+    # meshplan's runtime (runtime.loss, torch's loss_parallel): three all-reduces of one fp32 value per token
+    per_token = 3 * (collective_time("all-reduce", 4 * tokens, 4, 1, c) + sync_s)
     meshplan = edge_cost(shape(dims, tp=4, mb=16), c, first=False, last=True)
     megatron = edge_cost(shape(dims, tp=4, mb=16, software=software_named("megatron-core-2024")), c,
                          first=False, last=True)
-    assert meshplan.fwd_comm_s == pytest.approx(gather, rel=1e-9) and megatron.fwd_comm_s == 0.0
-    assert meshplan.comm_bytes_fwd["tp"] > megatron.comm_bytes_fwd["tp"]
-    # compute: the loss on all V logits instead of V/4 (18 bytes each, memory-bound without rates), and
-    # the concatenation of the gathered shards (the logits read and written once, one kernel)
+    gathering = edge_cost(shape(dims, tp=4, mb=16, software=GATHERING), c, first=False, last=True)
+    assert meshplan.fwd_comm_s == pytest.approx(per_token, rel=1e-9) and megatron.fwd_comm_s == 0.0
+    gather = collective_time("all-gather", tokens * dims.vocab * 4, 4, 1, c) + sync_s
+    assert gathering.fwd_comm_s == pytest.approx(gather, rel=1e-9)
+    assert gathering.comm_bytes_fwd["tp"] > meshplan.comm_bytes_fwd["tp"] > megatron.comm_bytes_fwd["tp"]
+    # compute: a gathering loss runs on all V logits instead of V/4 (18 bytes each, memory-bound without
+    # rates), and concatenates the gathered shards (the logits read and written once, one kernel)
     plain = cluster(transcendental=False)
     meshplan = edge_cost(shape(dims, tp=4, mb=16), plain, first=False, last=True)
-    megatron = edge_cost(shape(dims, tp=4, mb=16, software=software_named("megatron-core-2024")), plain,
-                         first=False, last=True)
-    logits = 16 * 128 * dims.vocab
+    gathering = edge_cost(shape(dims, tp=4, mb=16, software=GATHERING), plain, first=False, last=True)
+    logits = tokens * dims.vocab
     accel = plain.accelerator
-    assert meshplan.fwd_compute_s - megatron.fwd_compute_s == pytest.approx(
+    assert gathering.fwd_compute_s - meshplan.fwd_compute_s == pytest.approx(
         memory_time_s(accel, 18 * logits * 3 / 4, 0) + memory_time_s(accel, 2 * logits * 4, 1), rel=1e-9)
-    assert meshplan.bwd_compute_s - megatron.bwd_compute_s == pytest.approx(
+    assert gathering.bwd_compute_s - meshplan.bwd_compute_s == pytest.approx(
         memory_time_s(accel, 18 * logits * 3 / 4, 0), rel=1e-9)
 
 
@@ -144,9 +153,12 @@ def test_loss_tensors_of_32_mib_or_more_fault_in_fresh_pages(make_graph, make_gp
         a, b = edge_cost(s, faults, first=False, last=True), edge_cost(s, base, first=False, last=True)
         return a.fwd_compute_s - b.fwd_compute_s, a.bwd_compute_s - b.bwd_compute_s
 
-    logits_bytes = 16 * 128 * 4096 * 4  # the gathered fp32 logits of TP4 at micro-batch 16: 32 MiB
+    logits_bytes = 16 * 128 * 4096 * 4  # whole fp32 logits at micro-batch 16: 32 MiB
     assert logits_bytes == FRESH_PAGES_BYTES
-    # meshplan TP4: gathered buffer, concatenation, log-probabilities forward; 2 gradients backward
-    assert extra(shape(dims, tp=4, mb=16)) == pytest.approx((3 * logits_bytes * per_byte, 2 * logits_bytes * per_byte))
+    # a gathering loss at TP4: gathered buffer, concatenation, log-probabilities forward; 2 gradients backward
+    assert extra(shape(dims, tp=4, mb=16, software=GATHERING)) == pytest.approx(
+        (3 * logits_bytes * per_byte, 2 * logits_bytes * per_byte))
+    # meshplan's vocab-parallel loss at TP4: 8 MiB of logits per rank reuse the heap
+    assert extra(shape(dims, tp=4, mb=16)) == (0.0, 0.0)
     # one rank's micro-batch of 4: 8 MiB tensors reuse the heap
     assert extra(shape(dims, tp=1, mb=4)) == (0.0, 0.0)

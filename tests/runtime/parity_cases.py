@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from meshplan import ir, zoo
 from meshplan.runtime import apply
@@ -62,6 +63,25 @@ def _structure(pm) -> dict[str, int]:
             "checkpointed": sum("CheckpointWrapper" in type(m).__name__ for m in pm.module.modules())}
 
 
+def _plain_logits_loss(vocab: int):
+    """A user's loss written for plain tensors: apply(loss_fn=...) must hand it whole, plain logits."""
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(logits, DTensor) or logits.shape[-1] != vocab:
+            raise AssertionError(f"a user's loss_fn got {type(logits).__name__} logits of shape {tuple(logits.shape)}")
+        return torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    return loss
+
+
+def _logits(pm, vocab: int) -> dict[str, Any]:
+    """What the sharded module returns: under TP the logits stay sharded over the vocabulary (a DTensor
+    whose local part has V / tp columns) for the vocab-parallel loss."""
+    x, _ = synthetic_batch(vocab, GLOBAL_BATCH, SEQ_LEN, SEED, 0)
+    with torch.no_grad():
+        out = pm.module(x[: GLOBAL_BATCH // pm.dp_size])
+    local = out.to_local() if isinstance(out, DTensor) else out
+    return {"logits_dtensor": isinstance(out, DTensor), "logits_local_vocab": local.shape[-1]}
+
+
 def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path) -> None:
     """``payload``: {"cases": [{name, model, plan: make_plan kwargs, mode}], "errors": bool}."""
     results = {}
@@ -70,9 +90,10 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         torch.manual_seed(SEED)
         model = zoo.build(case["model"])
         mesh = _own_mesh(plan) if case.get("own_mesh") else None
-        pm = apply(plan, model, optimizer=optimizer, mesh=mesh)
+        loss_fn = _plain_logits_loss(model.config.vocab) if case.get("loss") == "user" else None
+        pm = apply(plan, model, optimizer=optimizer, mesh=mesh, loss_fn=loss_fn)
         losses = _train(pm, model.config.vocab, case.get("mode", "step"))
-        info = {"dp_rank": pm.dp_rank, "dp_size": pm.dp_size, **_structure(pm)}
+        info = {"dp_rank": pm.dp_rank, "dp_size": pm.dp_size, **_structure(pm), **_logits(pm, model.config.vocab)}
         params = pm.full_parameters()
         results[case["name"]] = {"losses": losses, "params": params if rank == 0 else None, **info}
         del pm, model

@@ -9,6 +9,8 @@ import pytest
 
 from parity_support import assert_matches_reference, launch
 
+from meshplan import zoo
+
 FULL, SEL = ("full",) * 4, ("selective",) * 4
 
 CASES_4 = [
@@ -32,6 +34,8 @@ CASES_4 = [
     # the ways to drive it: this rank's slice (local=True), and a hand-written loop over pm.module
     dict(name="gpt zero3 dp4 local", model="gpt-tiny", plan=dict(dp=4, zero=3, nmb=2), mode="local"),
     dict(name="llama dp2 x tp2 hand loop", model="llama-tiny", plan=dict(dp=2, tp=2, sp=True, zero=3), mode="hand"),
+    # a loss_fn of the user's, written for plain tensors, gets whole logits under TP
+    dict(name="gpt tp4 sp user loss", model="gpt-tiny", plan=dict(tp=4, sp=True), loss="user"),
 ]
 CASES_2 = [
     dict(name="llama tp2 sp selective", model="llama-tiny", plan=dict(tp=2, sp=True, recompute=SEL)),
@@ -90,6 +94,9 @@ def test_steps_really_shard_and_wrap(ranks4, case) -> None:
     expect_optim = 2 * got["local_numel"] / (dp if zero == 1 else 1)
     assert got["optim_numel"] == pytest.approx(expect_optim, rel=0.2 if zero == 1 else 0.02)
     assert (got["dtensors"] > 0) == (tp > 1 or zero >= 2)
+    # under TP the module's logits stay sharded over the vocabulary (the loss is vocab-parallel)
+    vocab = zoo.config(case["model"]).vocab
+    assert (got["logits_dtensor"], got["logits_local_vocab"]) == (tp > 1, vocab // tp)
     assert got["checkpointed"] == sum(r != "none" for r in p.get("recompute", ()))
 
 
