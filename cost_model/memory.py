@@ -184,7 +184,8 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
     return sbh * (whole / whole_div + sharded / tp)
 
 
-def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int) -> tuple[float, float]:
+def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int,
+                 loss_parallel: bool = False) -> tuple[float, float]:
     """(kept, transient) bytes of the output layer and loss for one micro-batch (``zoo.loss_fn``:
     cross-entropy of the logits upcast to fp32, i.e. log-softmax then NLL), whatever the compute dtype.
     Kept for the backward: the fp32 log-softmax output only; the logits (V/tp, vocab-parallel) are
@@ -194,9 +195,16 @@ def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp
     gradient of the log-probabilities, and the log-softmax backward writes the logits' gradient while
     that one is still alive). A profile of the CPU runtime saw both: three logits-sized fp32 tensors at
     the peak, in fp32 and in bf16. The forward's moment (logits, their upcast, the log-softmax: at most
-    10 bytes per element) is smaller."""
+    10 bytes per element) is smaller.
+
+    ``loss_parallel``: torch's vocab-parallel backward (meshplan's runtime under TP, ``runtime.loss``)
+    computes the logits' gradient as ``(grad_input + exp(logp)) * grad_output`` with ``grad_input`` a
+    zeroed tensor it keeps to the end (``_nll_loss_and_log_softmax_backward`` in
+    ``torch/distributed/tensor/parallel/loss.py``): three fp32 logits-sized tensors beside the kept
+    log-probabilities at its add, 12 bytes per element transient (a profile of TP4 on 4 gloo ranks saw
+    four 8.4 MB tensors at the peak, inside ``nll_loss_backward``'s add)."""
     elems = seq_len / cp * micro_batch * dims.vocab / tp
-    return elems * 4.0, elems * 8.0
+    return elems * 4.0, elems * (12.0 if loss_parallel else 8.0)
 
 
 def head_input_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, cp: int, dtype: str = "bfloat16",

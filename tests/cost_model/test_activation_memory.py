@@ -60,6 +60,10 @@ def test_logits_are_fp32_and_vocab_parallel() -> None:
     # kept: the fp32 log-softmax only (the logits and their upcast are freed); in the backward the
     # gradients of the log-probabilities and of the logits (fp32) exist at once
     assert kept == pytest.approx(elems * 4) and grad == pytest.approx(elems * 8)
+    # torch's loss_parallel backward (meshplan's runtime under TP) holds a zeroed tensor, exp(log-probs)
+    # and their sum at once: three fp32 tensors of the rank's logits
+    kept, grad = logits_bytes(dims, seq_len=2048, micro_batch=2, tp=4, cp=1, loss_parallel=True)
+    assert kept == pytest.approx(elems * 4) and grad == pytest.approx(elems * 12)
 
 
 def test_selective_recompute_as_meshplan_runs_it_keeps_the_matmul_outputs() -> None:
