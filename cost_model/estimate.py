@@ -92,22 +92,26 @@ def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
 
 
 def _with_replicated(layer: LayerCost, whole: LayerCost, shares: dict[str, tuple[float, float]],
-                     replicated: frozenset[str]) -> LayerCost:
+                     replicated: frozenset[str], saves_matmuls: bool) -> LayerCost:
     """The layer with the ``replicated`` sublayers' compute at tp = 1 (their FLOP share of the whole
     layer's time). Their TP communication is kept (conservative: without SP a replicated sublayer
     communicates nothing; with SP it gathers and slices the same volume)."""
     share = sum(shares[sub][0] for sub in replicated)
     core = whole.core_fwd_s if "attn" in replicated else layer.core_fwd_s
+    if saves_matmuls:  # selective recompute repeats every op but the matmuls: scaled as the layer's compute
+        selective = layer.selective_fwd_s + share * (whole.selective_fwd_s - layer.selective_fwd_s)
+    else:  # the attention core only
+        selective = core
     return replace(layer, fwd_compute_s=layer.fwd_compute_s + share * (whole.fwd_compute_s - layer.fwd_compute_s),
                    bwd_compute_s=layer.bwd_compute_s + share * (whole.bwd_compute_s - layer.bwd_compute_s),
-                   core_fwd_s=core)
+                   core_fwd_s=core, selective_fwd_s=selective)
 
 
 def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, summary: ModelSummary,
                cluster: Cluster, plan: Plan, software: Software) -> RankTime:
     n = layers.layers
     fwd = n * layer.fwd_compute_s
-    bwd = n * layer.bwd_compute_s + layers.full * layer.fwd_compute_s + layers.selective * layer.core_fwd_s
+    bwd = n * layer.bwd_compute_s + layers.full * layer.fwd_compute_s + layers.selective * layer.selective_fwd_s
     comm = n * (layer.fwd_comm_s + layer.bwd_comm_s) + layers.full * layer.fwd_comm_s
     moved = {k: n * (layer.comm_bytes_fwd[k] + layer.comm_bytes_bwd[k]) + layers.full * layer.comm_bytes_fwd[k]
              for k in ("tp", "cp", "ep")}
@@ -167,7 +171,8 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
     layer = layer_cost(shape, cluster)
     if replicated := replicated_sublayers(plan):
         whole = layer_cost(replace(shape, tp=1, sp=False), cluster)
-        layer = _with_replicated(layer, whole, sublayer_shares(shape.dims, plan.seq_len), replicated)
+        layer = _with_replicated(layer, whole, sublayer_shares(shape.dims, plan.seq_len), replicated,
+                                 shape.software.selective_saves_matmuls)
     seen: dict[tuple, RankTime] = {}
     out = []
     for r in ranks:

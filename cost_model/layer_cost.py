@@ -81,7 +81,12 @@ class LayerShape:
 class LayerCost:
     fwd_compute_s: float
     bwd_compute_s: float
-    core_fwd_s: float  # the attention core's forward: what selective recompute repeats
+    core_fwd_s: float  # the attention core's forward
+    # what selective recompute repeats in the backward: the attention core (Korthikanti et al. 2022's
+    # policy), or, where the runtime saves only the matmul and collective outputs
+    # (``Software.selective_saves_matmuls``, codegen.program.SELECTIVE_SAVE_OPS), every other op of the
+    # forward: the attention core, the memory-bound ops and their dispatch
+    selective_fwd_s: float
     fwd_comm_s: float  # exposed TP + EP + CP communication of one forward
     bwd_comm_s: float
     comm_bytes_fwd: dict[str, float]  # per family, bytes per GPU of one forward
@@ -222,7 +227,9 @@ def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     """Forward and backward seconds of one layer for one micro-batch on one GPU."""
     fwd_s, bwd_s, core_fwd, mm_f, mm_b = _compute_s(shape, cluster)
     fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b))
-    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, fwd_comm_s=fwd_comm,
+    selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
+    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
+                     fwd_comm_s=fwd_comm,
                      bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 
 
@@ -286,5 +293,6 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
             tp_bytes += bus_bytes("all-gather", act, tp)
     ops_f, ops_b = dispatches_s(edge_dispatches(d, tp, shape.sp, first=first, last=last), cluster)
     fwd, bwd = fwd + ops_f, bwd + ops_b
-    return LayerCost(fwd_compute_s=fwd, bwd_compute_s=bwd, core_fwd_s=0.0, fwd_comm_s=comm_f, bwd_comm_s=comm_b,
+    return LayerCost(fwd_compute_s=fwd, bwd_compute_s=bwd, core_fwd_s=0.0, selective_fwd_s=0.0,
+                     fwd_comm_s=comm_f, bwd_comm_s=comm_b,
                      comm_bytes_fwd={"tp": tp_bytes}, comm_bytes_bwd={})

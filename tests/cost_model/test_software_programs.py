@@ -273,3 +273,25 @@ def test_each_later_micro_batch_adds_its_gradients_in_one_pass(make_graph, make_
     accel = cluster.accelerator
     expect = 3 * 3 * 2 * summary_of(graph).total_params * share / (accel.memory_bw_Bps * accel.memory_efficiency)
     assert extra == pytest.approx(expect, rel=1e-6)
+
+
+def test_selective_recompute_repeats_what_the_program_does_not_save(make_graph, make_gpt, make_plan) -> None:
+    """Korthikanti's policy (Megatron) recomputes the attention core; meshplan's runtime saves only the
+    matmul and collective outputs (codegen.program.SELECTIVE_SAVE_OPS), so its backward repeats every
+    other op of the forward: the attention core and the memory-bound ops."""
+    from meshplan.cost_model.layer_cost import matmul_s
+
+    args = dict(dims=GPT_22B, micro_batch=4, seq_len=2048, tp=8, sp=True)
+    megatron = layer_cost(LayerShape(**args, software=MEGATRON), A100)
+    assert megatron.selective_fwd_s == megatron.core_fwd_s
+    ours_shape = LayerShape(**args, software=DEFAULT_SOFTWARE)
+    ours = layer_cost(ours_shape, A100)
+    assert ours.selective_fwd_s == pytest.approx(ours.fwd_compute_s - matmul_s(ours_shape, A100)[0], rel=1e-12)
+    assert ours.core_fwd_s < ours.selective_fwd_s < ours.fwd_compute_s
+    # one GPU, nothing to overlap: the step grows by each selective layer's repeated forward, exactly
+    cfg = make_gpt(4, 1024, 16)
+    graph, one = make_graph(cfg), Cluster.preset("a100-80gb", gpus_per_node=1)
+    time = {r: estimate(graph, one, make_plan(cfg, one, global_batch=4, seq_len=2048, micro_batch=4, recompute=r)).step_time_s
+            for r in ("none", "selective")}
+    layer = layer_cost(LayerShape(dims=graph.dims, micro_batch=4, seq_len=2048, software=DEFAULT_SOFTWARE), one)
+    assert time["selective"] - time["none"] == pytest.approx(4 * layer.selective_fwd_s, rel=1e-9)
