@@ -47,10 +47,7 @@ def imports(program: Program) -> list[str]:
     names = ["build_on_meta", "materialized"] if on_meta(program) else (
         ["materialized"] if pipelined or any(isinstance(s, DataParallel) for s in program.steps) else [])
     lines = [f"from meshplan.runtime.materialize import {', '.join(names)}"] if names else []
-    if k == "zoo":  # the pipeline's last stage takes the loss function, token cross-entropy
-        return ["", "import meshplan.zoo", *lines] + (
-            ["from meshplan.runtime.planned import token_cross_entropy"] if pipelined else [])
-    if k == "hf":
+    if k in ("zoo", "hf"):  # the runtime's loss: vocab-parallel on tp-sharded logits (runtime.loss)
         return ["", *lines, "from meshplan.runtime.planned import token_cross_entropy"]
     module, function = _target(program)
     return ["", f"from {module} import {function} as build_user_model",

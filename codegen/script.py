@@ -150,6 +150,6 @@ LOOP = '''
 ''' + LOOP_END
 
 FORWARD_BACKWARD = [
-    "loss = meshplan.zoo.loss_fn(model(x.to(device)), y.to(device)) / NUM_MICROBATCHES",
+    "loss = token_cross_entropy(model(x.to(device)), y.to(device)) / NUM_MICROBATCHES",
     "loss.backward()",
 ]
