@@ -33,10 +33,6 @@ from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
 SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
-# the output head: column-parallel over the vocabulary, its logits left sharded (a DTensor) for the
-# vocab-parallel loss (runtime.loss); under SP it takes the sequence-sharded stream and gathers it
-VOCAB_HEAD = TPStyle(kind=StyleKind.COLWISE, src="R", out="S(-1)", dtensor_out=True)
-SP_VOCAB_HEAD = TPStyle(kind=StyleKind.COLWISE, src="S(1)", out="S(-1)", dtensor_out=True)
 SUBLAYER_NAMES = ("attn", "mlp")
 
 
@@ -57,6 +53,12 @@ def _norm(s: ModelStructure, sub: str) -> str:
 def _stream(sp: bool) -> str:
     """Layout of the residual stream between sublayers: sequence-sharded under SP, else replicated."""
     return "S(1)" if sp else "R"
+
+
+def _vocab_head(sp: bool) -> TPStyle:
+    """The output head: column-parallel over the vocabulary from the stream's layout, its logits left
+    sharded (a DTensor) for the vocab-parallel loss (``runtime.loss``)."""
+    return TPStyle(kind=StyleKind.COLWISE, src=_stream(sp), out="S(-1)", dtensor_out=True)
 
 
 def _parent(path: str) -> str:
@@ -101,7 +103,7 @@ def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     if sp:
         plan.append((s.final_norm, SP_NORM))
     if s.head:
-        plan.append((s.head, VOCAB_HEAD if not sp else SP_VOCAB_HEAD))
+        plan.append((s.head, _vocab_head(sp)))
     return tuple(plan)
 
 
@@ -119,7 +121,7 @@ def _root_plan_cut_at_blocks(s: ModelStructure, sp: bool) -> tuple[tuple[str, TP
         plan.append((s.block_path(0), TPStyle(kind=StyleKind.PREPARE_INPUT, src="R", dst="S(1)", local=True)))
         plan.append((s.final_norm, SP_NORM))
     if s.head and not s.tied_head:
-        plan.append((s.head, VOCAB_HEAD if not sp else SP_VOCAB_HEAD))
+        plan.append((s.head, _vocab_head(sp)))
     elif s.head and sp:  # a replicated (tied) head takes the whole sequence
         plan.append((s.head, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", local=True)))
     return tuple(plan)

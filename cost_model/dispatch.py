@@ -95,6 +95,13 @@ def runs_dtensor_styles(software: Software) -> bool:
     return software.dtensor_tp_styles
 
 
+def runs_loss_parallel(software: Software) -> bool:
+    """Whether the program's vocab-parallel loss is torch's ``loss_parallel`` on DTensor logits (meshplan's
+    runtime, ``runtime.loss``): three per-token all-reduces, and its backward's logits-sized temporaries
+    (``memory.logits_bytes``). Megatron's fused ``vocab_parallel_cross_entropy`` is neither."""
+    return runs_dtensor_styles(software) and software.vocab_parallel_loss
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dispatches:
     """Eager op dispatches of one forward and one backward: plain and DTensor."""

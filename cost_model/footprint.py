@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from ..ir.plan import Plan, Schedule
 from .data_parallel import rank_params, runs_ddp, runs_fsdp
+from .dispatch import runs_loss_parallel
 from .flops import kv_width
 from .memory import (ACTIVATION_BYTES, STATE_BYTES, eager_layer_bytes, head_input_bytes, layer_activation_bytes,
                      logits_bytes, state_bytes, stream_bytes)
@@ -68,9 +69,9 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
         total += per["none"] - per["selective"]
     if layers.last:
         whole = mesh.tp > 1 and not software.vocab_parallel_loss  # every TP rank gathers all the logits
-        loss_parallel = mesh.tp > 1 and software.vocab_parallel_loss and software.dtensor_tp_styles  # runtime.loss
         kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size,
-                                       tp=1 if whole else mesh.tp, cp=mesh.cp, loss_parallel=loss_parallel)
+                                       tp=1 if whole else mesh.tp, cp=mesh.cp,
+                                       loss_parallel=mesh.tp > 1 and runs_loss_parallel(software))
         # the logits themselves, in the compute dtype, stay alive: torch pipelining keeps the stage's output
         # until its backward, and the gathered 16-bit logits outlive their upcast (seen in a profile of the
         # CPU runtime; not in fp32)

@@ -49,7 +49,7 @@ from .collectives import bus_bytes, collective_time
 from .flops import attention_core_flops, kv_width
 from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
-                       runs_dtensor_styles)
+                       runs_dtensor_styles, runs_loss_parallel)
 from .kernels import (attention_fwd_bwd_s, fresh_pages_s, matmul_fwd_bwd_s, memory_time_s,
                       plain_attention_fwd_bwd_s, transcendental_excess_s)
 from .fusion import fusion_saving
@@ -229,8 +229,7 @@ def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b))
     selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
     return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
-                     fwd_comm_s=fwd_comm,
-                     bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
+                     fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 
 
 @lru_cache(maxsize=1024)
@@ -281,7 +280,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         gather = "all-gather" if shape.sp else "all-reduce"
         comm_b += collective_time(gather, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(gather, act, tp)
-        if runtime and not gathered:  # loss_parallel: all-reduces of one fp32 value per token (max, sum, target)
+        if tp > 1 and runs_loss_parallel(shape.software):  # one fp32 value per token: max, sum, target
             comm_f += 3 * (collective_time("all-reduce", 4 * m, tp, 1, cluster) + sync)
             tp_bytes += 3 * bus_bytes("all-reduce", 4 * m, tp)
         if gathered:  # the logits gathered (S(-1) -> R: gathered on dim 0, then concatenated on the last)
