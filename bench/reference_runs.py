@@ -95,8 +95,9 @@ SOFTWARE = {
     # NeMo 24.03-25.04 containers: NeMo's GPT/Llama/Nemotron models are Megatron-Core models (Transformer Engine
     # fused attention, the distributed optimizer, the overlaps of --overlap-grad-reduce/--overlap-param-gather and
     # TP comm overlap in NeMo's performance recipes), i.e. the program megatron-core-2024 describes. Known
-    # differences the preset does not carry: Llama and Nemotron run without dropout (the preset keeps Megatron's
-    # GPT default of 0.1), and FP8 through Transformer Engine.
+    # differences the preset does not carry: Nemotron (predicted as GPT) runs without dropout (the preset keeps
+    # Megatron's GPT default of 0.1 for the GPT family; Llama rows run without it, Software.drops_out), and FP8
+    # through Transformer Engine.
     "nemo": "megatron-core-2024",
     # Megatron-Bridge (NeMo 25.09-26.08 containers) trains Megatron-Core models with the same overlaps (its perf
     # recipes set comm_overlap with TP userbuffers and overlap_param_gather); same differences as "nemo". Rows with

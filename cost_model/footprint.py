@@ -58,7 +58,7 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
         layer_bytes, common = eager_layer_bytes, dict(common, ep=mesh.ep, stream_fp32=stream_fp32)
     else:
         layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
-                                                           dropout=software.dropout,
+                                                           dropout=software.drops_out(d.family),
                                                            selective_saves_matmuls=software.selective_saves_matmuls)
     per = {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)

@@ -118,7 +118,7 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     attn = m * d.hidden * ab / t  # an (m, h) tensor inside the TP region
     kv = m * kv_width(d) * ab / t
     ffn = m * d.ffn_hidden * ab / t
-    masks = whole / 2 if shape.software.dropout else 0.0  # two 1-byte dropout masks
+    masks = whole / 2 if shape.software.drops_out(d.family) else 0.0  # two 1-byte dropout masks
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
         return 4 * whole + 6 * whole + 2 * ffn + 2 * attn + 2 * masks, 6
@@ -156,7 +156,7 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     if shape.software.attention == "plain":
         return plain_attention_fwd_bwd_s(accel, shape.dtype, batch_heads=shape.micro_batch * d.heads / shape.tp,
                                          q_len=shape.seq_len / shape.cp, kv_len=shape.seq_len, head_dim=d.head_dim,
-                                         elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.dropout)
+                                         elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.drops_out(d.family))
     core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
     return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim)
 

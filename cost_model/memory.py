@@ -18,11 +18,15 @@ shards (S), so that per layer ``bytes = s*b*h * (R / (t if sp else 1) + S / t)``
 * R: two norm inputs 4, attention input 2, MLP input 2, two dropout masks 2 (only with dropout;
   the zoo has none); MoE adds per routed token copy (k of them) the gathered expert input 2 and
   the expert output 2, and the fp32 router probabilities 4E/h.
-* S: Q 2, K 2, V 2, projection input 2 (K and V at full width even under grouped-query attention,
-  because the zoo repeats them to every head before SDPA, which saves the repeated tensors);
-  rotary embeddings (llama, moe) keep the pre-rotation Q and K, 2 + 2kv/h; the MLP keeps
-  4f/h (GELU: its input and output) or 8f/h (SwiGLU eager: gate, up, silu(gate), product),
-  k*8f/h for MoE.
+* S: Q 2, K and V 2kv/h each (the fused attention takes grouped-query K and V as they are:
+  Transformer Engine's ``DotProductAttention`` with ``num_gqa_groups``), projection input 2; rotary
+  embeddings keep nothing (Megatron-Core's ``apply_rope_fusion``, on in Megatron-Bridge's Llama
+  configs: Transformer Engine's fused RoPE saves only the frequencies, its backward rotates the
+  gradient back); the MLP keeps 4f/h (GELU: its input and output) or 6f/h (SwiGLU fused by
+  ``bias_activation_fusion``: ``SwiGLUFunction`` in ``megatron/core/fusions/fused_bias_swiglu.py``
+  saves its input, gate and up, 4f/h, and the down projection keeps its input, 2f/h), k*6f/h for MoE.
+  (meshplan's own eager program repeats K and V, keeps pre-rotary Q and K and four SwiGLU tensors:
+  ``eager_layer_bytes``.)
 * The attention core: without a fused kernel it stores softmax 2as/h, and with dropout also the
   mask as/h and the dropped-out probabilities 2as/h, i.e. Korthikanti's 5as/h. With
   SDPA/FlashAttention (our default) that term is absent; the kernel keeps its output and the fp32
@@ -61,16 +65,14 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
     R is left whole by TP, S is sharded by TP, core is what the attention core alone saves."""
     h, f, a = dims.hidden, dims.ffn_hidden, dims.heads
     whole = 8.0 + (2.0 if dropout else 0.0)
-    sharded = 8.0
-    if dims.family != "gpt":
-        sharded += 2.0 + 2.0 * kv_width(dims) / h  # pre-rotary Q and K
+    sharded = (4.0 * q_width(dims) + 4.0 * kv_width(dims)) / h  # Q, projection input; K, V at their own width
     if dims.family == "gpt":
         sharded += 4.0 * f / h
     elif dims.family == "moe":
         whole += 4.0 * dims.top_k + 4.0 * dims.experts / h
-        sharded += dims.top_k * 8.0 * f / h
+        sharded += dims.top_k * 6.0 * f / h
     else:
-        sharded += 8.0 * f / h
+        sharded += 6.0 * f / h
     core = 4.0 * a / h if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
     return whole, sharded, core
 

@@ -14,7 +14,11 @@ Fields:
   attention dropout in between, as Megatron-LM's ``CoreAttention`` before FlashAttention; costed in
   ``kernels.plain_attention_fwd_bwd_s``).
 * ``dropout``: hidden and attention dropout on (Megatron's GPT default, 0.1): masks are written and
-  kept (Korthikanti et al. 2022 sec. 4 counts them in the activation memory).
+  kept (Korthikanti et al. 2022 sec. 4 counts them in the activation memory). It is the default of
+  Megatron's ``TransformerConfig`` (``hidden_dropout`` and ``attention_dropout`` 0.1), which its GPT
+  models keep; Llama-style models set both to 0 (Megatron-Bridge ``LlamaBridge``: ``hidden_dropout=0.0``,
+  and Hugging Face's ``attention_dropout`` 0.0 in every Llama 2/3 config), so ``drops_out`` applies
+  it to the GPT family only.
 * ``overlap_grad_reduce``: gradients are reduced in buckets while the backward runs (PyTorch DDP, Li
   et al. 2020; Megatron-Core ``--overlap-grad-reduce``), else after the last backward.
 * ``overlap_param_gather``: ZeRO-1's all-gather of the updated parameters runs under the next
@@ -141,6 +145,10 @@ class Software:
                             f"got {self.zero3_prefetch_params!r}")
         if not 0 <= self.overlap_slowdown < 1:
             raise PlanError(f"software {self.name!r}: overlap_slowdown must be in [0, 1), got {self.overlap_slowdown!r}")
+
+    def drops_out(self, family: str) -> bool:
+        """Whether this program runs dropout in a model of ``family`` (``dropout``: GPT only)."""
+        return self.dropout and family == "gpt"
 
 
 # meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their

@@ -295,3 +295,21 @@ def test_selective_recompute_repeats_what_the_program_does_not_save(make_graph, 
             for r in ("none", "selective")}
     layer = layer_cost(LayerShape(dims=graph.dims, micro_batch=4, seq_len=2048, software=DEFAULT_SOFTWARE), one)
     assert time["selective"] - time["none"] == pytest.approx(4 * layer.selective_fwd_s, rel=1e-9)
+
+
+def test_megatron_dropout_is_gpts_default_and_llama_models_run_without_it() -> None:
+    """Megatron's TransformerConfig defaults hidden and attention dropout to 0.1, which its GPT configs keep;
+    Llama-style models set both to 0 (Megatron-Bridge LlamaBridge), so a Llama layer under a Megatron preset
+    keeps no masks and writes none."""
+    mcore = software_named("megatron-core-2024")
+    assert mcore.drops_out("gpt") and not mcore.drops_out("llama") and not mcore.drops_out("moe")
+    assert not DEFAULT_SOFTWARE.drops_out("gpt")
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    gpt = dataclasses.replace(llama, family="gpt", kv_heads=32, ffn_hidden=16384)
+    off = dataclasses.replace(mcore, name="mcore-no-dropout", dropout=False)
+    kw = dict(micro_batch=1, seq_len=4096, tp=4, sp=True)
+    time = lambda dims, sw: layer_cost(LayerShape(dims=dims, software=sw, **kw), A100).fwd_compute_s
+    assert time(llama, mcore) == time(llama, off)  # no masks either way
+    assert time(gpt, mcore) > time(gpt, off)  # two 1-byte masks written per token
+    mem = lambda dims, sw: layer_activation_bytes(dims, seq_len=4096, micro_batch=1, dropout=sw.drops_out(dims.family))
+    assert mem(llama, mcore) == mem(llama, off) and mem(gpt, mcore) > mem(gpt, off)
