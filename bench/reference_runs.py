@@ -98,12 +98,15 @@ SOFTWARE = {
     # differences the preset does not carry: Nemotron (predicted as GPT) runs without dropout (the preset keeps
     # Megatron's GPT default of 0.1 for the GPT family; Llama rows run without it, Software.drops_out), and FP8
     # through Transformer Engine.
-    "nemo": "megatron-core-2024",
+    # NeMo's performance scripts reduce gradients in bf16 (scripts/performance/helpers.py @8cfedd7203, the
+    # long-sequence table's commit; assumed for the 24.07 summary too): megatron-core-perf-recipes.
+    "nemo": "megatron-core-perf-recipes",
     # Megatron-Bridge (NeMo 25.09-26.08 containers) trains Megatron-Core models with the same overlaps (its perf
     # recipes set comm_overlap with TP userbuffers and overlap_param_gather); same differences as "nemo". Rows with
     # FSDP > 0 ran Megatron-FSDP, predicted as ZeRO-3 under this preset (whole-layer prefetch, hierarchical
-    # collectives), which no preset was written for.
-    "bridge": "megatron-core-2024",
+    # collectives), which no preset was written for. Its perf recipes reduce gradients in bf16
+    # (grad_reduce_in_fp32=False): the megatron-core-perf-recipes preset.
+    "bridge": "megatron-core-perf-recipes",
     # Meta's Llama 3 stack (arXiv:2407.21783 sec. 3.3.2) is its own PyTorch program: no preset describes it. The
     # closest is megatron-core-2024: fused attention, TP/CP/PP with interleaving and asynchronous P2P, gradients
     # reduce-scattered in fp32 (the paper's words, = fp32_grad_reduce), and FSDP that shards optimizer state and

@@ -3,6 +3,8 @@
 For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amount)::
 
     params + grads + optimizer   ZeRO over the dp*cp replicas (memory.state_bytes), dense and expert;
+                                 gradients in fp32 where the program reduces them in fp32
+                                 (software.fp32_grad_reduce: Megatron's main_grad buffers);
                                  fp32 ones under bf16 where the program keeps fp32 parameters as the
                                  master weights (software.fp32_params: meshplan's runtime); ZeRO-2
                                  under FSDP2 (reshard_after_forward=False) shards the parameters at
@@ -168,6 +170,10 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         dense["params"] = state_bytes(params.dense, dp=shard_group, zero_stage=3, dtype=state_dtype)["params"]
     expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
+    if software.fp32_grad_reduce and state_dtype != "float32":
+        # Megatron's gradient buffers take the reduce dtype: fp32 main_grad for a 16-bit model
+        # (megatron/core/distributed/distributed_data_parallel.py groups parameters by (param_dtype, grad_dtype))
+        states["grads"] *= 4.0 / STATE_BYTES[state_dtype][1]
     if activations is None:
         activations = _activations(summary, plan, layers, software)
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)

@@ -104,6 +104,7 @@ Fields:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..ir.errors import PlanError
@@ -186,7 +187,15 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True)
 
-SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024)}
+# Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
+# reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and
+# ``_perf_precision`` (src/megatron/bridge/perf_recipes/_common.py @067f987df0), NeMo
+# ``set_precision_configs`` (scripts/performance/helpers.py @8cfedd7203).
+MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
+                                                 fp32_grad_reduce=False)
+
+SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
+                                MEGATRON_CORE_PERF_RECIPES)}
 
 
 def software_named(name: str) -> Software:

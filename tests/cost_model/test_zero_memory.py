@@ -89,4 +89,5 @@ def test_zero2_under_fsdp2_shards_parameters_at_rest_and_holds_the_gathered_copi
     # the held copies: about the whole model in bf16 beyond ZeRO-3's two gathered layers
     assert ours["buffers"] - z3["buffers"] > 0.9 * 2 * psi * (1 + 0.10) - 2 * 2 * psi / cfg.layers * 1.1
     theirs = memory_breakdown(graph, cluster, plan, software=MEGATRON_CORE_2024)
-    assert theirs["params"] == pytest.approx(2 * psi) and theirs["grads"] == pytest.approx(2 * psi / 8)
+    # Megatron reduces bf16 gradients in fp32: its main_grad buffers take 4 bytes per parameter
+    assert theirs["params"] == pytest.approx(2 * psi) and theirs["grads"] == pytest.approx(4 * psi / 8)
