@@ -114,17 +114,12 @@ SOFTWARE = {
     # distributed optimizer (one parameter all-gather, one gradient reduce-scatter per step): predicted as ZeRO-1.
     # Not described by the preset: its all-gather (not ring) CP, NCCLX, no dropout, and whether TP comm overlaps.
     "llama3": "megatron-core-2024",
-    # MosaicML llm-foundry (Composer) trains MPT with PyTorch FSDP FULL_SHARD, eager modules under autocast, fp32
-    # sharded parameters gathered in bf16 and gradients reduced in fp32 (FSDP mixed precision DEFAULT), fused
-    # attention and no tensor or pipeline parallelism: the program the "meshplan" preset describes (FSDP, eager,
-    # fp32 params), the closest preset. Its attention kernel is most likely MosaicML's Triton flash attention,
-    # not FlashAttention-2/SDPA as the preset prices: submit_benchmarks.py defaults to --attn_impl triton and
-    # mpt-*.yaml say triton at the commits that added the tables (b2a43a147, 5e85bd62d); a fit of these rows
-    # puts that kernel well below FA2's rate, so their error grows with attention's share of the step (long
-    # sequences). Other differences: FSDP1's FlatParameter keeps parameters as views into the
-    # all-gather buffer (the preset's zero_copy_buffers copies them out, as FSDP2 does), Composer's FSDP1 prefetch
-    # policy, and its A100 70B rows run PURE bf16 (bf16 parameters). No preset describes FSDP1 itself.
-    "foundry": "meshplan",
+    # MosaicML llm-foundry's tables (b2a43a147) ran llm-foundry v0.3.0: the llm-foundry-2023 preset (FSDP1
+    # FULL_SHARD, DEFAULT mixed precision: bf16 gathers, fp32 reduce; FA1-era Triton attention). Not carried:
+    # MPT's biases and learned positions (the rows are predicted as family gpt), Composer's BACKWARD_POST
+    # prefetch without forward prefetch, flash-attn's fused cross-entropy, and the 2 carried-over A100 70b rows'
+    # PURE bf16 parameters.
+    "foundry": "llm-foundry-2023",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.

@@ -13,6 +13,12 @@ Fields:
   ``"plain"`` (two batched matmuls with the b*a*s^2 scores written, a fused scale-mask-softmax and an
   attention dropout in between, as Megatron-LM's ``CoreAttention`` before FlashAttention; costed in
   ``kernels.plain_attention_fwd_bwd_s``).
+* ``attention_speed``: the program's fused-attention kernel's rate over FlashAttention-2's on the same
+  GPU (the accelerator's ``attention_efficiency`` is FA2's). FlashAttention-1-era kernels, the CUDA one
+  and Tri Dao's Triton one, run at 0.44 of it, forward + backward, causal, head dim 128, on A100 and on
+  H100 alike: Dao 2023, FlashAttention-2 (arXiv:2307.08691) Fig. 4 (A100: Triton 68 against FA2 155
+  TFLOPs/s at 2k, 78 against 182 at 8k) and Fig. 7 (H100: FA1 108 against 265 at 2k, 135 against 308 at
+  8k); sec. 4: FA2 is "1.3-2.5x faster than FlashAttention in Triton".
 * ``dropout``: hidden and attention dropout on (Megatron's GPT default, 0.1): masks are written and
   kept (Korthikanti et al. 2022 sec. 4 counts them in the activation memory). It is the default of
   Megatron's ``TransformerConfig`` (``hidden_dropout`` and ``attention_dropout`` 0.1), which its GPT
@@ -116,6 +122,7 @@ ATTENTION = ("flash", "plain")
 class Software:
     name: str
     attention: str = "flash"
+    attention_speed: float = 1.0
     dropout: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
@@ -144,6 +151,8 @@ class Software:
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
             raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
                             f"got {self.zero3_prefetch_params!r}")
+        if not 0 < self.attention_speed <= 2:
+            raise PlanError(f"software {self.name!r}: attention_speed must be in (0, 2], got {self.attention_speed!r}")
         if not 0 <= self.overlap_slowdown < 1:
             raise PlanError(f"software {self.name!r}: overlap_slowdown must be in [0, 1), got {self.overlap_slowdown!r}")
 
@@ -194,8 +203,18 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
 MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
                                                  fp32_grad_reduce=False)
 
+# MosaicML llm-foundry v0.3.0 as its MPT benchmark tables ran it (scripts/train/benchmarking/README.md
+# @b2a43a147, 2023-10-19; submit_benchmarks.py and sweep.sh there): Composer 0.16 with PyTorch FSDP1
+# FULL_SHARD; mixed precision DEFAULT (run_config never passes the PURE flag): fp32 sharded parameters
+# gathered in bf16, gradients reduced in fp32 (composer/trainer/mosaic_fsdp_utils.py); use_orig_params,
+# so parameters are views into the FlatParameter (no copy out, no copy in); eager modules under autocast
+# (bf16 LayerNorm, GELU); attention by llmfoundry/models/layers/flash_attn_triton.py ("Copied from"
+# Tri Dao's FlashAttention-1-era Triton kernel, default attn_impl triton) at FA1's rate.
+LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
+                                       zero_copy_buffers=False)
+
 SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
-                                MEGATRON_CORE_PERF_RECIPES)}
+                                MEGATRON_CORE_PERF_RECIPES, LLM_FOUNDRY_2023)}
 
 
 def software_named(name: str) -> Software:

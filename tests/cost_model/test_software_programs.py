@@ -313,3 +313,20 @@ def test_megatron_dropout_is_gpts_default_and_llama_models_run_without_it() -> N
     assert time(gpt, mcore) > time(gpt, off)  # two 1-byte masks written per token
     mem = lambda dims, sw: layer_activation_bytes(dims, seq_len=4096, micro_batch=1, dropout=sw.drops_out(dims.family))
     assert mem(llama, mcore) == mem(llama, off) and mem(gpt, mcore) > mem(gpt, off)
+
+
+def test_a_flashattention_1_era_kernel_runs_the_core_at_its_published_rate() -> None:
+    """llm-foundry's 2023 tables ran Tri Dao's FA1-era Triton kernel: 0.44 of FlashAttention-2's rate (FA2 paper
+    Fig. 4: 68 against 155 TFLOPs/s at 2k on A100), so the attention core takes 1/0.44 as long (beyond the fixed
+    per-kernel cost) and nothing else in the layer changes."""
+    foundry = software_named("llm-foundry-2023")
+    assert foundry.attention_speed == pytest.approx(68 / 155, abs=0.01)
+    shape = LayerShape(dims=GPT_22B, micro_batch=4, seq_len=2048, tp=1, software=DEFAULT_SOFTWARE)
+    fa2 = layer_cost(shape, A100)
+    fa1 = layer_cost(dataclasses.replace(shape, software=dataclasses.replace(DEFAULT_SOFTWARE, attention_speed=0.44)),
+                     A100)
+    overhead = A100.accelerator.kernel_overhead_s
+    assert fa1.core_fwd_s - overhead == pytest.approx((fa2.core_fwd_s - overhead) / 0.44)
+    assert fa1.fwd_compute_s - fa1.core_fwd_s == pytest.approx(fa2.fwd_compute_s - fa2.core_fwd_s)
+    with pytest.raises(ir.PlanError, match="attention_speed"):
+        Software(name="bad", attention_speed=0.0)
