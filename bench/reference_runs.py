@@ -134,6 +134,7 @@ DTYPES = {"": "bfloat16", "bf16": "bfloat16", "fp8": "float8", "mxfp8": "float8"
 class Run:
     label: str
     source: str  # a key of SOFTWARE
+    software: str  # the preset the row's program runs (``software_of``)
     publication: str  # the paper or README the row comes from (``publication``): the unit LOSO leaves out
     hardware: str  # the preset the row runs on
     cfg: zoo.ModelConfig
@@ -236,6 +237,14 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
 MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default to sequence parallelism and ZeRO-1
 
 
+def software_of(source: str, row: dict[str, str]) -> str:
+    """The software preset of a row: its source's, except llm-foundry's large-scale rows whose sweep ran
+    FlashAttention-2 (``attn_impl flash`` in the row's notes, from sweep.py @5e85bd62d): llm-foundry-2024."""
+    if source == "foundry" and "attn_impl flash" in row["notes"]:
+        return "llm-foundry-2024"
+    return SOFTWARE[source]
+
+
 def build_run(row: dict[str, str]) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted."""
     source = _source(row)
@@ -316,7 +325,7 @@ def build_run(row: dict[str, str]) -> Run | str:
     else:
         return "no measurement"
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
-    return Run(label=label, source=source, publication=publication(row["source"]), hardware=preset, cfg=cfg,
+    return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed))
 
 
@@ -360,7 +369,7 @@ def evaluate(csv_path: Path) -> tuple[list[Result], list[str]]:
         if isinstance(run, str):
             skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
             continue
-        pred = estimate(graph_of(run.cfg), run.cluster, run.plan, software=software_named(SOFTWARE[run.source]))
+        pred = estimate(graph_of(run.cfg), run.cluster, run.plan, software=software_named(run.software))
         results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))
     return results, skipped
 
@@ -449,7 +458,7 @@ def loso_table(results: list[Result]) -> str:
 def _line(res: Result) -> str:
     run, pred = res.run, res.prediction
     fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
-    line = (f"{run.label:<46} {SOFTWARE[run.source]:<21} {_plan_text(run.plan):<30} {run.unit:<5} "
+    line = (f"{run.label:<46} {run.software:<21} {_plan_text(run.plan):<30} {run.unit:<5} "
             f"{res.predicted:7.1f} {run.measured:7.1f} {res.error:+7.1%}  "
             f"{pred.peak_memory_bytes / 1e9:5.1f} GB {fits}")
     if run.measured_step_s is not None:

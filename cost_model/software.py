@@ -213,8 +213,15 @@ MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megat
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
                                        zero_copy_buffers=False)
 
+# llm-foundry's large-scale H100 table (README @5e85bd62d, 2024-01-06) ran llm-foundry main with Composer 0.17.2
+# and, for the models its sweep.py gives attn_impl flash, FlashAttention-2 (flash-attn 2.4.2): the 2023 program
+# with FA2's attention rate. (Its sweep also turns on forward prefetch and BACKWARD_PRE, which this preset
+# does not distinguish: FSDP's gathers are priced as prefetched either way.)
+LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
+
 SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
-                                MEGATRON_CORE_PERF_RECIPES, LLM_FOUNDRY_2023)}
+                                MEGATRON_CORE_PERF_RECIPES, LLM_FOUNDRY_2023,
+                                LLM_FOUNDRY_2024)}
 
 
 def software_named(name: str) -> Software:
