@@ -178,6 +178,10 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         activations = _activations(summary, plan, layers, software)
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
+    if plan.dtype == "float8" and plan.zero_stage < 3:
+        # Transformer Engine caches each weight's FP8 copy (rowwise and, on Hopper, transposed: 2 bytes a
+        # parameter) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
+        buffers += 2.0 * (params.dense + params.expert)
     optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)

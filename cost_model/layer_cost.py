@@ -37,6 +37,16 @@ counted with the layer's communication. CPU ranks overlap nothing, so there it i
 ``Software.attention == "plain"`` times the attention core unfused (``kernels.py``), and
 ``Software.dropout`` adds the 1-byte masks the two bias-dropout-adds write (read again backward).
 
+FP8 (``dtype="float8"``, Transformer Engine's tensor-wise recipes on Hopper) runs every GEMM on 1-byte
+operands quantized on the fly (``fp8_cast_bytes``): each GEMM input is read in bf16 and written as a
+rowwise and a transposed FP8 copy (the wgrad GEMM needs the transpose on Hopper) in the forward, and
+each output gradient the same way in the backward: 2 bytes read and 2 written per element (TE's fused
+``cast_transpose``, transformer_engine/common/transpose/cast_transpose.cu; quantizer.cpp allocates the
+transpose where ``nvte_is_non_tn_fp8_gemm_supported`` is false, i.e. before Blackwell). Megatron-Core
+feeds TE four GEMMs per layer, QKV and fc1 fused (``linear_qkv``, ``linear_fc1``), so four inputs and
+four output gradients are cast. Weights are cast once per step and cached across micro-batches
+(TE ``is_first_microbatch``), not counted here.
+
 A recomputed forward (full recompute) repeats the forward's compute and its communication.
 """
 from __future__ import annotations
@@ -46,7 +56,7 @@ from functools import lru_cache
 
 from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time
-from .flops import attention_core_flops, kv_width
+from .flops import attention_core_flops, kv_width, q_width
 from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles, runs_loss_parallel)
@@ -133,6 +143,24 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
+def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) the FP8 quantization of one layer's GEMM operands
+    moves (module docstring): the inputs of Megatron-Core's four GEMMs (QKV, projection, fc1, fc2) in the
+    forward, their output gradients in the backward, 2 bytes read and 2 written per element; 0 unless
+    ``shape.dtype`` is float8. Under SP the QKV and fc1 inputs are cast on the sequence slice (TE
+    quantizes before its FP8 all-gather)."""
+    if shape.dtype != "float8":
+        return 0.0, 0, 0.0, 0
+    d, m, t = shape.dims, shape.tokens, shape.tp
+    whole = m * d.hidden / (t if shape.sp else 1)
+    q, kv = m * q_width(d) / t, m * kv_width(d) / t
+    f = m * d.ffn_hidden / t * (d.top_k if d.family == "moe" else 1)
+    up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
+    inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
+    grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)
+    return 4.0 * inputs, 4, 4.0 * grads, 4
+
+
 def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) framework seconds (dispatch, autograd) of one layer: its eager ops counted
     from the runtime's structure, plain and on DTensors (``dispatch.py``), at the per-dispatch cost a
@@ -169,8 +197,9 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     core_f, core_b = core_s(shape, cluster)
     moved, kernels = elementwise_fwd(shape)
     fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
-    mem_f = memory_time_s(accel, moved - fused.fwd_bytes, kernels - fused.fwd_kernels)
-    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes, 2 * kernels - fused.bwd_kernels)
+    cast_f, cast_fk, cast_b, cast_bk = fp8_cast_bytes(shape)
+    mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f, kernels - fused.fwd_kernels + cast_fk)
+    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b, 2 * kernels - fused.bwd_kernels + cast_bk)
     ops_f, ops_b = dispatch_s(shape, cluster)
     if shape.dims.family == "gpt":  # GELU (tanh) at its measured rate where tanh, not memory, bounds it (CPUs)
         ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp

@@ -59,10 +59,16 @@ def state_bytes(param_count: float, *, dp: int, zero_stage: int, dtype: str = "b
             "optimizer": opt_b * param_count / (dp if zero_stage >= 1 else 1)}
 
 
-def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
-                     dropout: bool = False) -> tuple[float, float, float]:
+def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True, dropout: bool = False,
+                     fp8: bool = False) -> tuple[float, float, float]:
     """(R, S, core) per layer in units of s*b*h bytes at 2-byte elements (see the module docstring):
-    R is left whole by TP, S is sharded by TP, core is what the attention core alone saves."""
+    R is left whole by TP, S is sharded by TP, core is what the attention core alone saves.
+
+    ``fp8``: Transformer Engine keeps a GEMM's quantized input (1 byte, the columnwise copy) instead of
+    the bf16 one (te.Linear / te.LayerNormLinear, ``linear.py`` and ``layernorm_linear.py``): the two
+    norm outputs and fc2's input halve; the projection's input is kept in bf16 by the attention
+    core and, under TE's default delayed-scaling recipe, once more as an FP8 copy (``save_original_input``
+    is refused there), 1 byte more."""
     h, f, a = dims.hidden, dims.ffn_hidden, dims.heads
     whole = 8.0 + (2.0 if dropout else 0.0)
     sharded = (4.0 * q_width(dims) + 4.0 * kv_width(dims)) / h  # Q, projection input; K, V at their own width
@@ -74,6 +80,9 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True,
     else:
         sharded += 6.0 * f / h
     core = 4.0 * a / h if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
+    if fp8:
+        whole -= 2.0  # the QKV and fc1 inputs (norm outputs), 1 byte each
+        sharded += (q_width(dims) - (dims.top_k if dims.family == "moe" else 1) * f) / h  # proj copy; fc2 input
     return whole, sharded, core
 
 
@@ -177,7 +186,8 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
     whole_div = tp if sp else 1
     if recompute == "full":
         return sbh * 2.0 / whole_div
-    whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout)
+    whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout,
+                                            fp8=dtype == "float8")
     none = whole / whole_div + (sharded + core) / tp
     if recompute == "selective" and selective_saves_matmuls:
         return sbh * min(matmul_save_units(dims, tp=tp, sp=sp), none)

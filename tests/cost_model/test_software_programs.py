@@ -330,3 +330,40 @@ def test_a_flashattention_1_era_kernel_runs_the_core_at_its_published_rate() -> 
     assert fa1.fwd_compute_s - fa1.core_fwd_s == pytest.approx(fa2.fwd_compute_s - fa2.core_fwd_s)
     with pytest.raises(ir.PlanError, match="attention_speed"):
         Software(name="bad", attention_speed=0.0)
+
+
+def test_fp8_quantizes_the_four_gemm_inputs_forward_and_their_output_gradients_backward() -> None:
+    """Transformer Engine's cast_transpose reads each bf16 operand once and writes a rowwise and a transposed
+    FP8 copy (Hopper): 4 bytes per element, for the inputs of QKV, projection, fc1, fc2 in the forward and
+    their output gradients in the backward; nothing in bf16."""
+    from meshplan.cost_model.layer_cost import fp8_cast_bytes
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    h, kv, f, m = 4096, 1024, 14336, 2 * 4096
+    shape = LayerShape(dims=llama, micro_batch=2, seq_len=4096, dtype="float8", software=software_named("megatron-core-2024"))
+    fwd, fk, bwd, bk = fp8_cast_bytes(shape)
+    assert fwd == 4 * m * (2 * h + h + f) and bwd == 4 * m * ((h + 2 * kv) + 2 * h + 2 * f) and fk == bk == 4
+    assert fp8_cast_bytes(dataclasses.replace(shape, dtype="bfloat16")) == (0.0, 0, 0.0, 0)
+    tp4 = fp8_cast_bytes(dataclasses.replace(shape, tp=4, sp=True))
+    assert tp4[0] == pytest.approx(fwd / 4) and tp4[2] == pytest.approx(bwd / 4)
+    # the casts are memory-bound time the layer pays on top of its bf16 memory traffic
+    H100 = Cluster.preset("h100-sxm")
+    accel = H100.accelerator
+    with_casts = layer_cost(shape, H100)
+    from meshplan.cost_model.layer_cost import _compute_s, elementwise_fwd
+    moved, kernels = elementwise_fwd(shape)
+    assert with_casts.fwd_compute_s - with_casts.core_fwd_s - _compute_s(shape, H100)[3] == pytest.approx(
+        (moved + fwd) / (accel.memory_bw_Bps * accel.memory_efficiency) + (kernels + 4) * accel.kernel_overhead_s)
+
+
+def test_fp8_keeps_gemm_inputs_in_one_byte() -> None:
+    """TE saves the quantized (1-byte) input of its GEMMs: the two norm outputs and fc2's input halve; under
+    the default delayed scaling the projection's input is kept once more as an FP8 copy."""
+    from meshplan.cost_model import activation_units
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    r16, s16, c16 = activation_units(llama, seq_len=4096)
+    r8, s8, c8 = activation_units(llama, seq_len=4096, fp8=True)
+    assert r16 - r8 == 2.0 and s8 - s16 == pytest.approx((4096 - 14336) / 4096) and c8 == c16
+    kw = dict(seq_len=4096, micro_batch=1, tp=4, sp=True)
+    assert layer_activation_bytes(llama, dtype="float8", **kw) < layer_activation_bytes(llama, **kw)
