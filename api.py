@@ -10,7 +10,7 @@ import torch
 
 from . import ir, solver, zoo
 from .codegen.fusion import find_fusions, fusion_names
-from .cost_model import Cluster, estimate, parse_cluster, worthwhile
+from .cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, parse_cluster, software_named, worthwhile
 from .frontend import trace
 
 
@@ -207,18 +207,25 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[fro
 def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_len: int,
           fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0, top: int = 5,
           progress: Callable[[str], None] | None = None, model_kwargs: dict[str, Any] | None = None,
-          example_inputs: Any = None) -> tuple[Plan, ...]:
+          example_inputs: Any = None, software: str | Software | None = None) -> tuple[Plan, ...]:
     """The best plan and up to ``top - 1`` runners-up. ``model``: an ``nn.Module`` (build it under
     ``torch.device("meta")``), a zoo name, a zoo config dict, or a builder ``"pkg.module:function"``
-    (called with ``model_kwargs``). ``example_inputs``: for a model whose input is not token ids."""
+    (called with ``model_kwargs``). ``example_inputs``: for a model whose input is not token ids.
+    ``software``: cost every candidate as that program runs it (a ``cost_model.software`` preset, e.g.
+    ``"megatron-core-2024"``), so that its user gets its best plan (``meshplan export --to megatron``
+    carries it there); default meshplan's own runtime, which emit, run and apply execute."""
     from .codegen.structure import zoo_family
 
+    program = _software(software, dtype)
     cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     ir.limits.check_sizes(global_batch=global_batch, seq_len=seq_len, world=cluster.world_size,
                           layers=1)  # ir/limits.py; a zoo config's layers are bounded by its own check
     module, source = model_and_source(model, model_kwargs)
     graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
     if not graph.dims.layers:
+        if program is not DEFAULT_SOFTWARE:
+            raise ir.PlanError(f"--software {program.name}: the framework presets price transformer blocks and this "
+                               "model has none; plan it for meshplan's runtime (no --software)")
         return _blockless_plans(module, graph, source, cluster, global_batch=global_batch, seq_len=seq_len,
                                 fixed=fixed, dtype=dtype, time_limit_s=time_limit_s, top=top)
     config = model_config(module, graph, seq_len)
@@ -229,8 +236,14 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     runtime, why_not = offered(structure, zoo_modules)
+    if program is not DEFAULT_SOFTWARE:  # another framework runs the plan: its options, not meshplan runtime's
+        runtime, why_not = solver.space.MEGATRON, (
+            f"costed as {program.name}: the search offers what Megatron-Core runs (the distributed optimizer "
+            "as ZeRO-1, Megatron-FSDP as ZeRO-3, 1F1B and interleaved schedules; no ZeRO-2, HSDP, GPipe or "
+            "zero-bubble)",)
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
-                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top, runtime=runtime)
+                         dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top, runtime=runtime,
+                         software=program)
     # fused kernels swap the zoo's module classes (codegen.fused): offered on those only
     fusions = fusion_names(find_fusions(graph)) if zoo_modules else ()
     if structure is not None:
@@ -238,6 +251,17 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
     return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
                  for p in solver.solve(req, progress=progress))
+
+
+def _software(software: str | Software | None, dtype: str | None) -> Software:
+    """The program to cost plans for, refusing a dtype it cannot train in: float8 is priced for programs that
+    run FP8 GEMMs (Transformer Engine under Megatron), never for meshplan's runtime."""
+    program = software_named(software) if isinstance(software, str) else (software or DEFAULT_SOFTWARE)
+    if dtype == "float8" and program.name == DEFAULT_SOFTWARE.name:
+        raise ir.PlanError("dtype float8: meshplan's runtime trains in bfloat16 or float32; FP8 is priced for "
+                           "Megatron-Core's Transformer Engine program: add --software megatron-core-2024 "
+                           "(or megatron-core-perf-recipes) and export the plan with `meshplan export --to megatron`")
+    return program
 
 
 def _blockless_plans(module: torch.nn.Module, graph: ir.Graph, source: dict[str, Any], cluster: Cluster, *,
@@ -264,8 +288,8 @@ def _blockless_plans(module: torch.nn.Module, graph: ir.Graph, source: dict[str,
 def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluster: Cluster) -> ir.Plan:
     """``plan`` recording the fusions of ``found`` that the cost model says save time in its program,
     its prediction counting them; the unfused program (``--no-fuse``) becomes an alternative."""
-    if cluster.cpu_ranks:
-        return plan  # CPU ranks: Triton compiles for GPUs (on CPU only its interpreter runs the kernels)
+    if cluster.cpu_ranks or plan.software != DEFAULT_SOFTWARE.name:
+        return plan  # CPU ranks: Triton compiles for GPUs; another framework's program: not meshplan's kernels
     chosen = worthwhile(found, plan.model["family"], tp=plan.mesh.tp, sp=plan.sequence_parallel)
     if not chosen or plan.prediction is None:
         return replace(plan, fusions=chosen)
@@ -283,12 +307,12 @@ def _with_fusions(plan: ir.Plan, found: tuple[str, ...], graph: ir.Graph, cluste
 def autoparallelize(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_len: int,
                     fixed: dict[str, Any] | None = None, dtype: str | None = None, time_limit_s: float = 30.0,
                     progress: Callable[[str], None] | None = None, model_kwargs: dict[str, Any] | None = None,
-                    example_inputs: Any = None) -> Plan:
+                    example_inputs: Any = None, software: str | Software | None = None) -> Plan:
     """Plan ``model`` on ``cluster``. ``fixed`` pins choices, e.g. ``{"tp": 2, "zero": 3}``; with every
-    choice pinned it evaluates that plan. ``model`` and ``example_inputs`` as in ``plans``."""
+    choice pinned it evaluates that plan. ``model``, ``example_inputs`` and ``software`` as in ``plans``."""
     return plans(model, cluster, global_batch=global_batch, seq_len=seq_len, fixed=fixed, dtype=dtype,
                  time_limit_s=time_limit_s, progress=progress, model_kwargs=model_kwargs,
-                 example_inputs=example_inputs)[0]
+                 example_inputs=example_inputs, software=software)[0]
 
 
 def load(path: str | Path) -> Plan:

@@ -25,7 +25,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "presets' format) or a profile from `meshplan calibrate`")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: bfloat16 on GPUs, float32 on cpu")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float8"),
+                   help="default: bfloat16 on GPUs, float32 on cpu; float8 needs --software of an FP8 program")
 
 
 def _pin_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with status("planning", quiet=args.quiet or args.json) as progress:  # a TTY only (cli_progress.py)
         found = plans(model_arg(args), args.cluster, global_batch=args.global_batch, seq_len=args.seq_len,
                       fixed=_fixed(args), dtype=args.dtype, time_limit_s=args.time_limit, top=max(args.top, 1),
-                      progress=progress, model_kwargs=model_kwargs(args))
+                      progress=progress, model_kwargs=model_kwargs(args), software=args.software)
     best = found[0]
     if args.output:
         best.save(args.output)
@@ -279,6 +280,11 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON instead of the report")
     pl.add_argument("--top", type=int, default=1, help="also show the runners-up and why they lost")
     pl.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
+    from .cost_model.software import SOFTWARE
+
+    pl.add_argument("--software", choices=sorted(SOFTWARE), default=None,
+                    help="cost every plan as this program runs it (default meshplan, the runtime emit and run "
+                         "execute); e.g. megatron-core-2024 for a plan to take to Megatron with `meshplan export`")
     pl.set_defaults(func=cmd_plan)
     em = sub.add_parser("emit", help="write a torchrun training script for a plan")
     em.add_argument("plan")

@@ -84,6 +84,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         plan = replace(plan, source=traced.source, structure=traced.structure)
     names = tuple(p.name for p in graph.params)
     plan = replace(plan, param_layouts=param_layouts(names, tp=plan.mesh.tp, zero=plan.zero_stage, dp=plan.mesh.dp))
+    plan = replace(plan, software=args.software)
     plan = plan.with_prediction(estimate(graph, cluster, plan, software=software_named(args.software)))
     if args.json:
         print(plan.to_json())

@@ -47,6 +47,9 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--recompute-num-layers": ("recompute_num_layers", "int", ()),
     "--bf16": ("bf16", "true", ()),
     "--fp16": ("fp16", "true", ()),
+    # megatron/core/transformer/transformer_config.py: fp8 (--fp8-format) e4m3 | hybrid; fp8_recipe defaults to
+    # delayed (the recipe the cost model prices: layer_cost.fp8_cast_bytes)
+    "--fp8-format": ("fp8", "str", ("e4m3", "hybrid")),
     "--num-layers": ("num_layers", "int", ()),
     "--hidden-size": ("hidden_size", "int", ()),
     "--ffn-hidden-size": ("ffn_hidden_size", "int", ()),
@@ -153,7 +156,8 @@ def to_megatron(plan: Plan) -> str:
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
     args += _memory_args(plan)
-    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"]}.get(plan.dtype, [])
+    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"]}.get(
+        plan.dtype, [])  # FP8 GEMMs under Transformer Engine, bf16 elsewhere
     args += _model_args(plan)
     lines, i = [], 0
     while i < len(args):

@@ -119,6 +119,9 @@ class Plan:
     param_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> placement per axis of AXES
     fusions: tuple[str, ...] = ()
     dtype: str = "bfloat16"
+    # the program whose cost the prediction is (cost_model.software): "meshplan", the runtime that emit, run
+    # and apply execute, or another framework's preset (plan --software; export --to carries the plan there)
+    software: str = "meshplan"
     # where the model comes from, so that emit and run rebuild that very model: {"kind": "zoo", "name": ...},
     # {"kind": "hf", "config": {...}}, {"kind": "builder", "target": "pkg.mod:fn", "kwargs": {...}} or
     # {"kind": "module"} (a model only the caller holds: apply works, emit needs one of the others)

@@ -17,7 +17,7 @@ def plan_kwargs_from_dict(data: Any, *, where: str) -> dict[str, Any]:
     p: PlanFile = validate(data, where=where)
     kw: dict[str, Any] = {name: getattr(p, name) for name in (
         "cluster", "global_batch", "seq_len", "zero_stage", "zero_group", "sequence_parallel", "micro_batch_size",
-        "num_microbatches", "schedule", "vp", "dtype")}
+        "num_microbatches", "schedule", "vp", "dtype", "software")}
     kw["model"] = _in_order(p.model.model_dump(exclude_unset=True), data["model"])
     kw["mesh"] = Mesh(**p.mesh.model_dump())
     kw["recompute"] = tuple(p.recompute)

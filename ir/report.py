@@ -21,7 +21,11 @@ def _row(label: str, value: str, note: str = "") -> str:
 def report(plan: Plan) -> str:
     name = plan.model.get("name") or plan.model.get("family", "model")
     lines = [f"meshplan: {name} on {plan.cluster} ({plan.world_size} GPUs), global batch {plan.global_batch} "
-             f"x {plan.seq_len} tokens", f"plan: {plan.summary()}", *_model_lines(plan), "", "parallelism"]
+             f"x {plan.seq_len} tokens", f"plan: {plan.summary()}", *_model_lines(plan)]
+    if plan.software != "meshplan":
+        lines.append(f"costed as: {plan.software}'s program, {plan.dtype} (take it there with `meshplan export`; "
+                     "emit and run execute meshplan's runtime)")
+    lines += ["", "parallelism"]
     for axis in AXES:
         lines.append(_row(axis, str(getattr(plan.mesh, axis)), _axis_note(plan, axis)))
     lines.append(_row("zero stage", str(plan.zero_stage), _zero_note(plan.zero_stage)))

@@ -253,6 +253,8 @@ class PlanFile(_Strict):
                              Field(max_length=MAX_PARAMS)] = {}
     fusions: Annotated[list[Literal[FUSION_NAMES]], Field(max_length=len(FUSION_NAMES))] = []  # type: ignore[valid-type]
     dtype: Literal[TRAIN_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    # the program the prediction was costed for (a cost_model.software preset name; looked up, never run)
+    software: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9.-]*$")] = "meshplan"
     source: Union[Source, NoSource] = {}
     structure: Structure = Field(default_factory=Structure)  # type: ignore[valid-type]
     prediction: Prediction | None = None

@@ -48,7 +48,7 @@ def gpus_that_fit(req: "Request") -> int:
                                seq_len=req.seq_len, fixed=pins, runtime=req.runtime):
             if cand.micro_batch != 1 or cand.zero not in (0, 3) or cand.schedule not in ("1f1b",):
                 continue
-            none = estimate(req.graph, bigger, plan_of(sub, cand))
+            none = estimate(req.graph, bigger, plan_of(sub, cand), software=req.software)
             if min_memory(cost_candidate(sub, cand, none)) <= none.memory_limit_bytes:
                 return world
         nodes *= 2

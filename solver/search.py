@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from ..cost_model import Cluster, estimate
+from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate
 from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
@@ -41,6 +41,7 @@ class Request:
     time_limit_s: float = 30.0
     top: int = 5
     runtime: frozenset[str] = RUNTIME  # what the runtime executes: the search offers nothing else
+    software: Software = DEFAULT_SOFTWARE  # the program every candidate is costed as (cost_model.software)
 
 
 def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *, layouts: bool = False) -> Plan:
@@ -55,7 +56,8 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *,
                 schedule=cand.schedule, vp=cand.vp, stages=stages,
                 recompute=recompute_list(dims.layers, stages, cand.pp, selective, full),
                 param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp,
-                                            tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype)
+                                            tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype,
+                software=req.software.name)
 
 
 TP_REPLICATE = "tp_replicate"  # a replicated sublayer inside a tp block (codegen/tp_plans runs it plain)
@@ -101,7 +103,7 @@ def layers_per_rank(stages: tuple[tuple[int, int], ...], pp: int, layers: int) -
 def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.CandidateCost:
     """Per-layer deltas of selective and full recomputation, from the cost model at uniform policies."""
     per_rank = layers_per_rank(stage_ranges(req.graph.dims, cand.pp, cand.vp), cand.pp, req.graph.dims.layers)
-    ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}))
+    ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}), software=req.software)
             for r in ("selective", "full")}
     extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in ("selective", "full"))
     saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank)
@@ -174,7 +176,7 @@ def _bounded(req: Request, start: float) -> _Search:
     if not cands:
         raise explain_empty(dims, world=cl.world_size, domain=scale_up_gpus(cl),
                             global_batch=req.global_batch, fixed=req.fixed)
-    preds = [estimate(req.graph, cl, plan_of(req, c)) for c in cands]
+    preds = [estimate(req.graph, cl, plan_of(req, c), software=req.software) for c in cands]
     order = sorted(range(len(cands)), key=lambda i: (preds[i].step_time_s, i))
     return _Search(req=req, cands=[cands[i] for i in order], bounds=[preds[i] for i in order], costs={},
                    limit=preds[0].memory_limit_bytes, start=start)
@@ -213,7 +215,7 @@ def _fit(req: Request, cand: Candidate, selective: int, full: int, per_rank: int
     a little over the limit, so recompute more layers (selective to full first) until it fits."""
     while True:
         plan = plan_of(req, cand, selective, full, layouts=True)
-        plan = plan.with_prediction(estimate(req.graph, req.cluster, plan))
+        plan = plan.with_prediction(estimate(req.graph, req.cluster, plan, software=req.software))
         pred = plan.prediction
         if pred.peak_memory_bytes <= pred.memory_limit_bytes or full >= per_rank or req.fixed.get("recompute"):
             return plan

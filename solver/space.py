@@ -41,7 +41,7 @@ from ..cost_model import TierKind
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
-                     "tp_replicate"})  # grows as the runtime does
+                     "tp_replicate", "gpipe", "zero_bubble"})  # grows as the runtime does
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
@@ -50,6 +50,11 @@ ZERO3_WITH_ZB = "zero3_zb"  # ZeRO-3 under the zero-bubble schedule
 EP_OVER_CP = "ep_cp"  # ep ranks taken from cp as well as dp (the runtime folds ep inside dp only)
 CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
 CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
+# What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
+# optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts), PP
+# with 1F1B and interleaved 1F1B, CP beside all of them; not ZeRO-2, HSDP, GPipe or zero-bubble.
+MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", ZERO1_WITH_TP, ZERO1_WITH_EP,
+                      EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, CP_WITH_PP, CP_WITH_EP})
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
@@ -207,13 +212,15 @@ def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozens
     return [e for e in divisors(dp * cp if EP_OVER_CP in runtime else dp) if dims.experts % e == 0]
 
 
-def _schedules(pp: int, layers: int, microbatches: int, fixed: dict) -> list[tuple[Schedule, int]]:
+def _schedules(pp: int, layers: int, microbatches: int, fixed: dict,
+               runtime: frozenset[str] = RUNTIME) -> list[tuple[Schedule, int]]:
     """(schedule, vp) pairs; a pinned vp is offered as given (the search tries ``VIRTUAL_STAGES``)."""
     if pp == 1:
         out = [(Schedule.ONE_F_ONE_B, 1)]
     else:
-        out = ([(Schedule.ONE_F_ONE_B, 1)] if microbatches >= pp else []) + [(Schedule.GPIPE, 1)]
-        if microbatches % max(1, microbatches // pp) == 0:
+        out = ([(Schedule.ONE_F_ONE_B, 1)] if microbatches >= pp else []) + (
+            [(Schedule.GPIPE, 1)] if "gpipe" in runtime else [])
+        if "zero_bubble" in runtime and microbatches % max(1, microbatches // pp) == 0:
             out.append((Schedule.ZERO_BUBBLE, 1))
         if microbatches % pp == 0:
             vps = (fixed["vp"],) if fixed.get("vp", 1) > 1 else VIRTUAL_STAGES
@@ -240,7 +247,7 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
             if zg and zero < 2:
                 continue
             for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
-                for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed):
+                for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed, runtime):
                     if zero == 3 and schedule == Schedule.ZERO_BUBBLE and ZERO3_WITH_ZB not in runtime:
                         continue
                     out.append(Candidate(**mesh, zero=zero, sp=sp, micro_batch=mb, num_microbatches=n,

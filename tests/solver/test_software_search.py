@@ -1,0 +1,56 @@
+"""``plan --software``: the search costs every candidate as another framework's program runs it and offers
+only what that framework runs, so a Megatron user gets Megatron's best plan (issue 13)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import ir
+from meshplan.api import plans
+
+
+def _plan(**kw):
+    return plans("llama3-8b", "h100-sxm:2x8", global_batch=64, seq_len=4096, top=1, time_limit_s=20, **kw)[0]
+
+
+def test_a_megatron_plan_is_costed_as_megatron_and_offers_only_what_megatron_runs() -> None:
+    plan = _plan(software="megatron-core-2024", dtype="float8")
+    assert plan.software == "megatron-core-2024" and plan.dtype == "float8"
+    assert plan.zero_stage in (0, 1, 3) and plan.schedule not in (ir.Schedule.GPIPE, ir.Schedule.ZERO_BUBBLE)
+    assert not plan.fusions  # meshplan's Triton kernels are not that program's
+    m = plan.mesh
+    pins = dict(tp=m.tp, pp=m.pp, dp=m.dp, cp=m.cp, zero=plan.zero_stage, sp=plan.sequence_parallel,
+                micro_batch=plan.micro_batch_size, recompute=str(plan.recompute[0]), schedule=str(plan.schedule))
+    again = _plan(software="megatron-core-2024", dtype="float8", fixed=pins)
+    assert again.prediction.step_time_s == pytest.approx(plan.prediction.step_time_s)
+    # the same plan in bf16 costs differently as Megatron's program and as meshplan's runtime
+    pins = {**pins, "recompute": "full", "micro_batch": 1}  # a plan both programs fit
+    ours, theirs = _plan(fixed=pins), _plan(software="megatron-core-2024", fixed=pins)
+    assert theirs.prediction.step_time_s != pytest.approx(ours.prediction.step_time_s, rel=0.01)
+    assert "costed as: megatron-core-2024" in plan.report()
+    back = ir.Plan.from_json(plan.to_json())
+    assert back.software == "megatron-core-2024"
+
+
+def test_fp8_is_refused_for_meshplans_runtime_with_what_to_do() -> None:
+    with pytest.raises(ir.PlanError, match="--software megatron-core-2024"):
+        _plan(dtype="float8")
+
+
+def test_a_plan_file_naming_no_program_is_refused() -> None:
+    data = json.loads(_plan().to_json())
+    assert data["software"] == "meshplan"
+    data["software"] = "__import__('os')"
+    with pytest.raises(ir.InvalidPlanError, match="software"):
+        ir.Plan.from_dict(data)
+
+
+def test_a_megatron_fp8_plan_exports_to_megatrons_own_flags() -> None:
+    from meshplan.export import export
+    from meshplan.export.megatron import parser
+
+    plan = _plan(software="megatron-core-2024", dtype="float8")
+    text = export(plan, "megatron")
+    args = parser().parse_args(text.split("\n", 1)[1].replace("\\\n", " ").split())
+    assert args.bf16 and args.fp8 == "hybrid" and args.tensor_model_parallel_size == plan.mesh.tp
