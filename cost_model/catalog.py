@@ -15,7 +15,8 @@ measurement) or, for a placeholder, that it is one. The keys::
     accelerator       a preset's name ("a100-80gb": that preset's numbers and sources), or the numbers
                       themselves: name, peak_flops and matmul_efficiency per dtype, memory_bytes,
                       reserved_bytes, memory_bw_Bps, memory_efficiency, attention_efficiency,
-                      kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``)
+                      kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``), and
+                      optionally attention_by_seq_len ([[sequence length, efficiency], ...], published)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
                       domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
                       step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
@@ -61,7 +62,7 @@ _ACCEL_COUNTS = ("compute_units", "matmul_tile_elems")
 _KEYS = {
     "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
                 "tiers"),
-    "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS),
+    "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -200,7 +201,22 @@ def _accelerator(data: Any, where: str) -> Accelerator:
     per_dtype = {key: _per_dtype(data.get(key, {}), f"{where}.{key}") for key in ("peak_flops", "matmul_efficiency")}
     numbers = {key: _real(data.get(key), f"{where}.{key}") for key in _ACCEL_NUMBERS}
     counts = {key: _count(data.get(key), f"{where}.{key}") for key in _ACCEL_COUNTS}
-    return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts)
+    extra = {}
+    if "attention_by_seq_len" in data:
+        extra["attention_by_seq_len"] = _pairs(data["attention_by_seq_len"], f"{where}.attention_by_seq_len")
+    return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
+
+
+def _pairs(entry: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """A ``{"value": [[x, y], ...], "source"}`` entry's pairs of finite numbers (at most 64)."""
+    value = _value(entry, where)
+    ok = isinstance(value, list) and 0 < len(value) <= 64 and all(
+        isinstance(p, list) and len(p) == 2 and all(not isinstance(x, bool) and isinstance(x, (int, float))
+                                                    and math.isfinite(x) for x in p) for p in value)
+    if not ok:
+        raise InvalidClusterError(f"{where}: value must be a list of 1 to 64 [number, number] pairs, "
+                                  f"got {_short(repr(value))}")
+    return tuple((float(a), float(b)) for a, b in value)
 
 
 def _domain(entry: Any, where: str, gpus_per_node: int, world: int) -> int:

@@ -107,6 +107,9 @@ class Accelerator:
     # measured (head dim, forward efficiency, backward time over forward) of the fused attention, by
     # head dim (CPU profiles); empty: attention_efficiency and a backward of 2.5 forwards at every head dim
     attention_by_head_dim: tuple[tuple[float, float, float], ...] = ()
+    # published (sequence length, efficiency) of the fused attention, forward + backward, causal (GPU presets:
+    # the kernel's tiles fill the SMs better as the sequence grows); empty: attention_efficiency at every length
+    attention_by_seq_len: tuple[tuple[float, float], ...] = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +152,11 @@ class Accelerator:
             if not (head_dim > 0 and 0 < eff <= 1 and bwd_ratio > 0):
                 raise InvalidClusterError(f"{who}: attention_by_head_dim needs (head_dim > 0, efficiency in (0, 1], "
                                           f"backward ratio > 0), got ({head_dim!r}, {eff!r}, {bwd_ratio!r})")
+        object.__setattr__(self, "attention_by_seq_len", tuple(tuple(r) for r in self.attention_by_seq_len))
+        lengths = [r[0] for r in self.attention_by_seq_len]
+        if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1) for n, e in self.attention_by_seq_len):
+            raise InvalidClusterError(f"{who}: attention_by_seq_len needs (sequence length > 0, increasing; "
+                                      f"efficiency in (0, 1]) pairs, got {self.attention_by_seq_len!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -159,7 +167,7 @@ class Accelerator:
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
             self.sync_overhead_s, self.fsdp_unit_s, self.tp_style_fwd_s, self.tp_style_bwd_s,
             self.transcendental_s_per_elem, self.first_touch_s_per_byte,
-            self.attention_by_head_dim)))
+            self.attention_by_head_dim, self.attention_by_seq_len)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -179,13 +187,23 @@ class Accelerator:
     def achievable_flops(self, dtype: str) -> float:
         return self.peak(dtype) * self.matmul_efficiency[dtype]
 
-    def attention_at(self, head_dim: float | None) -> tuple[float, float]:
+    def attention_at(self, head_dim: float | None, seq_len: float | None = None) -> tuple[float, float]:
         """(efficiency, backward time over forward) of the fused attention at ``head_dim``: linear in
-        log2(head dim) between the measured ones, the nearest beyond them; without a measured curve
-        (or a head dim) ``attention_efficiency`` and 2.5 (``kernels.attention_fwd_bwd_s``)."""
+        log2(head dim) between the measured ones, the nearest beyond them; else, where the accelerator
+        has a published curve by sequence length, linear in log2(``seq_len``) on it (the nearest end
+        beyond it) with a backward of 2.5 forwards; else ``attention_efficiency`` and 2.5
+        (``kernels.attention_fwd_bwd_s``)."""
         curve = self.attention_by_head_dim
         if not curve or not head_dim:
-            return self.attention_efficiency, 2.5
+            by_len = self.attention_by_seq_len
+            if not by_len or not seq_len:
+                return self.attention_efficiency, 2.5
+            if seq_len <= by_len[0][0]:
+                return by_len[0][1], 2.5
+            for (n0, e0), (n1, e1) in zip(by_len, by_len[1:]):
+                if seq_len <= n1:
+                    return e0 + math.log2(seq_len / n0) / math.log2(n1 / n0) * (e1 - e0), 2.5
+            return by_len[-1][1], 2.5
         if head_dim <= curve[0][0]:
             return curve[0][1], curve[0][2]
         for (d0, e0, r0), (d1, e1, r1) in zip(curve, curve[1:]):

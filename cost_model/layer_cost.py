@@ -187,7 +187,7 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
                                          elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.drops_out(d.family))
     core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
     return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim,
-                               speed=shape.software.attention_speed)
+                               speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp)
 
 
 def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float]:

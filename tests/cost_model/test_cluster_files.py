@@ -316,3 +316,30 @@ def test_the_cli_takes_a_cluster_file_and_refuses_a_bad_one_in_one_line(tmp_path
     assert cli.main([*args, "--cluster", bad]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "latency_s.value is not a finite number" in err and "Traceback" not in err
+
+
+# --- the fused attention's rate by sequence length ------------------------------------------------------
+
+def test_attention_follows_the_published_curve_by_sequence_length() -> None:
+    """The A100 preset carries FlashAttention-2's forward+backward rate at 512..16k tokens (FA2 paper Fig. 4):
+    the efficiency is read off it (linear in log2 of the length between points, the nearest end beyond), so
+    the same attention FLOPs run faster on long sequences."""
+    accel = Cluster.preset("a100-80gb").accelerator
+    curve = dict(accel.attention_by_seq_len)
+    assert curve[2048] == pytest.approx(155 / 312, abs=1e-3) and curve[16384] == pytest.approx(189 / 312, abs=1e-3)
+    assert accel.attention_at(None, 2048) == (curve[2048], 2.5)
+    mid = accel.attention_at(None, 2048 * 2 ** 0.5)[0]
+    assert mid == pytest.approx((curve[2048] + curve[4096]) / 2)
+    assert accel.attention_at(None, 128)[0] == curve[512] and accel.attention_at(None, 1 << 20)[0] == curve[16384]
+    assert accel.attention_at(None)[0] == accel.attention_efficiency  # no length: the flat figure
+
+
+@pytest.mark.parametrize("value, rule", [
+    ([[2048, 0.5], [1024, 0.4]], "increasing"), ([[1024, 1.5]], "efficiency in"), ([], "pairs"),
+    ([[1024, "fast"]], "pairs"), (0.5, "pairs")])
+def test_a_malformed_attention_curve_is_refused_naming_it(tmp_path, value, rule) -> None:
+    data = four_by_100g()
+    data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
+    data["accelerator"]["attention_by_seq_len"] = _n(value)
+    with pytest.raises(ir.InvalidClusterError, match=rf"attention_by_seq_len(.|\n)*{rule}"):
+        parse_cluster(write(tmp_path, data))
