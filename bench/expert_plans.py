@@ -4,7 +4,9 @@
 
 For each row: plan the same model on the same cluster with the same global batch and sequence,
 then predict both meshplan's plan and the published (expert) plan with the same cost model, and
-print the ratio of predicted throughputs. A ratio below 1.0 means the search missed a plan it
+print the ratio of predicted throughputs; both are costed as the row's own program in its dtype
+(its software preset, ``reference_runs.software_of``), and the search offers what that program runs,
+as ``meshplan plan --software`` does. A ratio below 1.0 means the search missed a plan it
 could have found (or the expert's plan lies outside what the runtime executes: the search offers
 only what the runtime can run; ``--all-parallelisms`` lifts that to show what the search would
 pick with every parallelism). Rows without a published layout are skipped with the reason.
@@ -27,8 +29,8 @@ from dataclasses import replace
 from reference_runs import DATA, build_run, graph_of
 
 from meshplan import ir, solver
-from meshplan.cost_model import estimate
-from meshplan.solver.space import RUNTIME
+from meshplan.cost_model import estimate, software_named
+from meshplan.solver.space import MEGATRON, RUNTIME
 from meshplan.solver.stages import bounds, megatron_counts
 
 ALL = frozenset({"tp", "sp", "zero1", "zero1_tp", "zero2", "zero3", "moe_tp", "pp", "cp", "ep"})
@@ -76,12 +78,17 @@ def expert_run(row: dict[str, str]):
     return replace(run, plan=plan)
 
 
-def compare(run, runtime: frozenset, time_limit_s: float) -> tuple[str, str, float, float, str]:
-    graph = graph_of(run.cfg)
-    expert = estimate(graph, run.cluster, replace(run.plan, dtype="bfloat16"))
+def compare(run, runtime: frozenset | None, time_limit_s: float) -> tuple[str, str, float, float, str]:
+    """Both plans costed as the row's program in its dtype (``meshplan plan --software``); the search offers
+    what that program runs (Megatron-Core's options for the framework presets, meshplan runtime's for the
+    presets derived from it) unless ``runtime`` says otherwise."""
+    graph, software = graph_of(run.cfg), software_named(run.software)
+    if runtime is None:
+        runtime = RUNTIME if software.eager_modules else MEGATRON
+    expert = estimate(graph, run.cluster, run.plan, software=software)
     req = solver.Request(graph=graph, cluster=run.cluster, model=run.cfg.to_dict(), global_batch=run.plan.global_batch,
-                         seq_len=run.plan.seq_len, dtype="bfloat16", runtime=runtime, top=1,
-                         time_limit_s=time_limit_s)
+                         seq_len=run.plan.seq_len, dtype=run.plan.dtype, runtime=runtime, top=1,
+                         time_limit_s=time_limit_s, software=software)
     start = time.perf_counter()
     try:
         ours = solver.solve(req)[0]
@@ -99,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--rows", default="", help="only the rows whose model contains this text")
     args = ap.parse_args(argv)
-    runtime = ALL if args.all_parallelisms else RUNTIME
-    print(f"search space: {sorted(runtime)}")
+    runtime = ALL if args.all_parallelisms else None
+    print(f"search space: {sorted(runtime)}" if runtime else
+          f"search space: each row's program's (Megatron-Core: {sorted(MEGATRON)}; meshplan: {sorted(RUNTIME)})")
     print(f"{'row':<44} {'expert plan':<26} {'meshplan plan':<34} {'ratio':>6} {'solve s':>8}")
     ratios, skipped = [], []
     with open(args.csv, newline="") as f:
