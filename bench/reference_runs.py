@@ -126,7 +126,7 @@ SOFTWARE = {
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.
-HARDWARE = {"A100": "a100-80gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72"}
+HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
 # Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 has no dtype in the cost model.
@@ -242,9 +242,12 @@ MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default
 
 def software_of(source: str, row: dict[str, str]) -> str:
     """The software preset of a row: its source's, except llm-foundry's large-scale rows whose sweep ran
-    FlashAttention-2 (``attn_impl flash`` in the row's notes, from sweep.py @5e85bd62d): llm-foundry-2024."""
+    FlashAttention-2 (``attn_impl flash`` in the row's notes, from sweep.py @5e85bd62d): llm-foundry-2024, and
+    its rows whose MP Mode is PURE: llm-foundry-2023-pure."""
     if source == "foundry" and "attn_impl flash" in row["notes"]:
         return "llm-foundry-2024"
+    if source == "foundry" and "FSDP mixed precision PURE" in row["notes"]:
+        return "llm-foundry-2023-pure"  # the MP Mode column: gradients reduced in bf16
     return SOFTWARE[source]
 
 
@@ -255,7 +258,7 @@ def build_run(row: dict[str, str]) -> Run | str:
     if family not in ("gpt", "llama"):
         return f"architecture not expressible by zoo.ModelConfig: {family}"
     gpu = row["gpu_type"].split()[0].split("-")[0]
-    preset = HARDWARE.get(gpu) if "40GB" not in row["gpu_type"] else None
+    preset = HARDWARE.get(gpu + ("-40GB" if "40GB" in row["gpu_type"] else ""))
     if preset is None:
         return f"no hardware preset for {row['gpu_type'].split()[0]} (cost_model/presets)"
     if _cell(row, "dtype") not in DTYPES:

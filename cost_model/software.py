@@ -213,6 +213,11 @@ MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megat
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
                                        zero_copy_buffers=False)
 
+# The same program with Composer's FSDP mixed precision PURE (bf16 parameters gathered, gradients reduced in
+# bf16; the sharded parameters FSDP1 keeps stay fp32): llm-foundry's tables before b2a43a147 (the A100 40GB
+# table of 300cc5c58, 2023-05-03, and two A100 80GB 70b rows b2a43a147 kept), whose MP Mode column says PURE.
+LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2023-pure", fp32_grad_reduce=False)
+
 # llm-foundry's large-scale H100 table (README @5e85bd62d, 2024-01-06) ran llm-foundry main with Composer 0.17.2
 # and, for the models its sweep.py gives attn_impl flash, FlashAttention-2 (flash-attn 2.4.2): the 2023 program
 # with FA2's attention rate. (Its sweep also turns on forward prefetch and BACKWARD_PRE, which this preset
@@ -221,7 +226,7 @@ LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024"
 
 SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
                                 MEGATRON_CORE_PERF_RECIPES, LLM_FOUNDRY_2023,
-                                LLM_FOUNDRY_2024)}
+                                LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}
 
 
 def software_named(name: str) -> Software:

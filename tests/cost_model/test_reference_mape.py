@@ -74,7 +74,7 @@ def test_rows_group_by_publication_not_by_table(results) -> None:
     assert pubs == ORIGINAL | ADDED, pubs  # Narayanan's tables 1 and 2 are one paper, Korthikanti's table and abstract one
     assert bench.publication("Narayanan et al. SC'21 (arXiv:2104.04473) Table 1; x") == \
         bench.publication('"Narayanan et al. SC\'21 (arXiv:2104.04473) Table 2 (PTD-P)"')
-    assert {r.run.hardware for r in found} == {"a100-80gb", "h100-sxm", "b200", "gb200-nvl72"}
+    assert {r.run.hardware for r in found} == {"a100-80gb", "a100-40gb", "h100-sxm", "b200", "gb200-nvl72"}
     # Megatron-Bridge's current page and its archive, every container's table, are one source
     assert len({bench.publication(row["source"]) for row in _rows(bench) if "Megatron-Bridge" in row["source"]}) == 1
 
@@ -153,3 +153,18 @@ def test_bench_prints_both_tables(results, capsys) -> None:
     for label in ("publication: Narayanan arXiv:2104.04473", "accelerator: h100-sxm", "all rows",
                   "publication: Llama arXiv:2407.21783", "accelerator: gb200-nvl72", "accelerator: b200"):
         assert label in out
+
+
+def test_each_llm_foundry_row_runs_the_program_its_table_records(results) -> None:
+    """attn_impl flash rows of the large-scale table run FA2 (llm-foundry-2024), MP Mode PURE rows reduce in bf16
+    (llm-foundry-2023-pure), the rest the 2023 program; the A100 40GB table runs on its own preset."""
+    _, found, _ = results
+    foundry = [r for r in found if r.run.source == "foundry"]
+    by = {s: [r for r in foundry if r.run.software == s] for s in ("llm-foundry-2023", "llm-foundry-2023-pure",
+                                                                     "llm-foundry-2024")}
+    assert sum(len(v) for v in by.values()) == len(foundry)
+    # the large-scale table's 1b, 3b, 7b and 70b rows (3 GPU counts each); its 13b and 30b ran Triton
+    assert sorted(r.run.label.split()[0] for r in by["llm-foundry-2024"]) == sorted(
+        [m for m in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b") for _ in range(3)])
+    assert {r.run.hardware for r in by["llm-foundry-2023-pure"]} == {"a100-40gb", "a100-80gb"}
+    assert all(r.run.hardware == "a100-40gb" for r in foundry if "40gb" in r.run.label)
