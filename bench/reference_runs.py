@@ -126,7 +126,8 @@ SOFTWARE = {
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.
-HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72"}
+HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72",
+            "GB300": "gb300-nvl72"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
 # Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 has no dtype in the cost model.
