@@ -236,7 +236,7 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     runtime, why_not = offered(structure, zoo_modules)
-    if program is not DEFAULT_SOFTWARE:  # another framework runs the plan: its options, not meshplan runtime's
+    if program.search_space == "megatron":  # Megatron runs the plan: its options, not meshplan runtime's
         runtime, why_not = solver.space.MEGATRON, (
             f"costed as {program.name}: the search offers what Megatron-Core runs (the distributed optimizer "
             "as ZeRO-1, Megatron-FSDP as ZeRO-3, 1F1B and interleaved schedules; no ZeRO-2, HSDP, GPipe or "

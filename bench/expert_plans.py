@@ -84,7 +84,7 @@ def compare(run, runtime: frozenset | None, time_limit_s: float) -> tuple[str, s
     presets derived from it) unless ``runtime`` says otherwise."""
     graph, software = graph_of(run.cfg), software_named(run.software)
     if runtime is None:
-        runtime = RUNTIME if software.eager_modules else MEGATRON
+        runtime = MEGATRON if software.search_space == "megatron" else RUNTIME
     expert = estimate(graph, run.cluster, run.plan, software=software)
     req = solver.Request(graph=graph, cluster=run.cluster, model=run.cfg.to_dict(), global_batch=run.plan.global_batch,
                          seq_len=run.plan.seq_len, dtype=run.plan.dtype, runtime=runtime, top=1,

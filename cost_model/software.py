@@ -84,6 +84,10 @@ Fields:
   most the parameters' bytes, is gone before the first optimizer step makes the AdamW state (twice
   the parameters' bytes), so it is never the peak (a profile of the CPU runtime: the 21 MB block seen
   at the second step is DDP rebuilding its gradient buckets, with the old ones freed).
+* ``search_space``: what a search costed as this program offers (``meshplan plan --software``):
+  ``"meshplan"``, the options of meshplan's runtime (FSDP-style ZeRO-1/2/3, HSDP, every schedule);
+  ``"megatron"``, Megatron-Core's (``solver.space.MEGATRON``: the distributed optimizer, Megatron-FSDP
+  as ZeRO-3, 1F1B and interleaved schedules).
 * ``grad_accumulation_add``: every micro-batch after the first adds its weight gradients to those
   accumulated so far, a memory-bound pass over them (autograd's ``AccumulateGrad``; FSDP2 adds the
   reduce-scattered shard, or under torch pipelining the unsharded gradients); Megatron's gradient
@@ -143,6 +147,7 @@ class Software:
     grad_accumulation_add: bool = False
     fsdp_under_pipeline: bool = False
     selective_saves_matmuls: bool = False
+    search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
 
     def __post_init__(self) -> None:
@@ -151,6 +156,8 @@ class Software:
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
             raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
                             f"got {self.zero3_prefetch_params!r}")
+        if self.search_space not in ("meshplan", "megatron"):
+            raise PlanError(f"software {self.name!r}: search_space must be meshplan or megatron, got {self.search_space!r}")
         if not 0 < self.attention_speed <= 2:
             raise PlanError(f"software {self.name!r}: attention_speed must be in (0, 2], got {self.attention_speed!r}")
         if not 0 <= self.overlap_slowdown < 1:
@@ -176,7 +183,7 @@ DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True
 # because they are large); GPT dropout 0.1; the data-parallel all-reduce runs after the backward
 # (``allreduce_gradients`` in ``train_step``; bucketed overlap came with Megatron-Core in 2023).
 MEGATRON_LM_2021 = Software(name="megatron-lm-2021", attention="plain", dropout=True, overlap_grad_reduce=False,
-                            sp_regather=True)
+                            sp_regather=True, search_space="megatron")
 
 # DeepSpeed ZeRO-3 on Megatron's GPT as in Narayanan et al. 2021 Table 2: the model code of
 # Megatron-LM 2021 (unfused attention, dropout); ZeRO-3 with the defaults of its config (5e7
@@ -186,7 +193,8 @@ MEGATRON_LM_2021 = Software(name="megatron-lm-2021", attention="plain", dropout=
 # recomputed forward (Rajbhandari et al. 2021, ZeRO-Infinity, arXiv:2104.07857, sec. 4.1: with
 # activation checkpointing parameters are loaded three times, forward, recompute and backward).
 DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", dropout=True,
-                                zero3_prefetch_params=5e7, zero3_flat=True, zero3_regather_recompute=True)
+                                zero3_prefetch_params=5e7, zero3_flat=True, zero3_regather_recompute=True,
+                                search_space="megatron")
 
 # Megatron-Core as in its README's H100 table (2024): FlashAttention through Transformer Engine; the
 # overlaps the table lists (--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); dropout
@@ -194,7 +202,7 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 # bf16 gradients reduced in fp32 (forced for bf16 in the same file).
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
-                              fp32_grad_reduce=True)
+                              fp32_grad_reduce=True, search_space="megatron")
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and
@@ -209,9 +217,11 @@ MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megat
 # gathered in bf16, gradients reduced in fp32 (composer/trainer/mosaic_fsdp_utils.py); use_orig_params,
 # so parameters are views into the FlatParameter (no copy out, no copy in); eager modules under autocast
 # (bf16 LayerNorm, GELU); attention by llmfoundry/models/layers/flash_attn_triton.py ("Copied from"
-# Tri Dao's FlashAttention-1-era Triton kernel, default attn_impl triton) at FA1's rate.
+# Tri Dao's FlashAttention-1-era Triton kernel, default attn_impl triton) at FA1's rate. MPT's own modules
+# (llmfoundry/models/layers: one fused Wqkv, the flash kernel's q, k, v, output and statistics, LPLayerNorm in
+# bf16, GELU) keep what Korthikanti's count of fused modules does, not the zoo's eager tensors: not eager_modules.
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
-                                       zero_copy_buffers=False)
+                                       zero_copy_buffers=False, eager_modules=False)
 
 # The same program with Composer's FSDP mixed precision PURE (bf16 parameters gathered, gradients reduced in
 # bf16; the sharded parameters FSDP1 keeps stay fp32): llm-foundry's tables before b2a43a147 (the A100 40GB
