@@ -20,7 +20,7 @@ MAX_GPUS, MAX_LAYERS, MAX_BATCH, MAX_SEQ = 10**7, 1024, 2**40, 2**24  # as ir/li
 AXES = ("pp", "dp", "cp", "tp", "ep")
 PLAN_FIELDS = {"schema", "model", "cluster", "global_batch", "seq_len", "mesh", "zero_stage", "zero_group",
                "sequence_parallel", "micro_batch_size", "num_microbatches", "schedule", "vp", "recompute", "stages",
-               "param_layouts", "fusions", "dtype", "source", "structure", "prediction", "solver"}
+               "param_layouts", "fusions", "dtype", "software", "source", "structure", "prediction", "solver"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -129,7 +129,8 @@ def plan_violations(data: Any, *, param_shapes: dict[str, tuple[int, ...]] | Non
     g = {k: data.get(k, d) for k, d in (("zero_stage", 0), ("zero_group", 0), ("sequence_parallel", False),
                                          ("micro_batch_size", 1), ("num_microbatches", 1), ("schedule", "1f1b"),
                                          ("vp", 1), ("recompute", []), ("stages", []), ("param_layouts", {}),
-                                         ("fusions", []), ("dtype", "bfloat16"), ("source", {}), ("structure", {}))}
+                                         ("fusions", []), ("dtype", "bfloat16"), ("software", "meshplan"), ("source", {}),
+                                         ("structure", {}))}
     checks = [
         (is_int(data["global_batch"], 1, MAX_BATCH), "global_batch"),
         (is_int(data["seq_len"], 1, MAX_SEQ), "seq_len"),
@@ -141,6 +142,8 @@ def plan_violations(data: Any, *, param_shapes: dict[str, tuple[int, ...]] | Non
         (g["schedule"] in SCHEDULES, "schedule"),
         (is_int(g["vp"], 1, MAX_LAYERS), "vp"),
         (g["dtype"] in DTYPES, "dtype"),
+        (isinstance(g["software"], str) and re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,63}", g["software"]) is not None,
+         "software"),
         (isinstance(g["recompute"], list) and all(r in RECOMPUTE for r in g["recompute"]), "recompute values"),
         (isinstance(g["fusions"], list) and all(isinstance(f, str) for f in g["fusions"]), "fusions type"),
         (isinstance(g["param_layouts"], dict), "param_layouts type"),

@@ -1,6 +1,7 @@
 """Rank-side code for tests/runtime/test_runtime_memory.py: measure what a plan's step really holds."""
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import torch
@@ -21,6 +22,12 @@ def measure(rank: int, world_size: int, plans: dict[str, dict], outdir: Path) ->
             torch.manual_seed(0)
             pm = apply(plan, zoo.build_from_config(plan.model))
             pm.step(*batch(0))
+            # start-up collectives done on every rank and their buffers collected before the measured step: one
+            # CI run under load saw a rank still hold DDP's 21 MB wrap-time broadcast copy (_sync_module_states)
+            # inside the measured step (ddp_full measured 134.1 MB, 113.0 MB in every run alone), which the cost
+            # model, pricing the steady step, leaves out
+            torch.distributed.barrier()
+            gc.collect()
             return pm
 
         out[name] = measure_plan_memory(setup, lambda pm: pm.step(*batch(1)))
