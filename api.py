@@ -223,7 +223,7 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     module, source = model_and_source(model, model_kwargs)
     graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
     if not graph.dims.layers:
-        if program is not DEFAULT_SOFTWARE:
+        if program.name != DEFAULT_SOFTWARE.name:
             raise ir.PlanError(f"--software {program.name}: the framework presets price transformer blocks and this "
                                "model has none; plan it for meshplan's runtime (no --software)")
         return _blockless_plans(module, graph, source, cluster, global_batch=global_batch, seq_len=seq_len,

@@ -65,6 +65,18 @@ def _fraction(owner: str, name: str, value: float) -> None:
         raise InvalidClusterError(f"{owner}: {name} must be a fraction in (0, 1], got {value!r}")
 
 
+def _on_log2_curve(curve: tuple[tuple[float, ...], ...], x: float) -> tuple[float, ...]:
+    """The values of ``curve`` (points ``(x, value, ...)``, x increasing) at ``x``: linear in log2(x)
+    between the points, the nearest end's beyond them."""
+    if x <= curve[0][0]:
+        return curve[0][1:]
+    for p0, p1 in zip(curve, curve[1:]):
+        if x <= p1[0]:
+            w = math.log2(x / p0[0]) / math.log2(p1[0] / p0[0])
+            return tuple(v0 + w * (v1 - v0) for v0, v1 in zip(p0[1:], p1[1:]))
+    return curve[-1][1:]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
     """One GPU (or TPU chip, or CPU process): peaks, memory, and how close kernels get to them.
@@ -193,24 +205,11 @@ class Accelerator:
         has a published curve by sequence length, linear in log2(``seq_len``) on it (the nearest end
         beyond it) with a backward of 2.5 forwards; else ``attention_efficiency`` and 2.5
         (``kernels.attention_fwd_bwd_s``)."""
-        curve = self.attention_by_head_dim
-        if not curve or not head_dim:
-            by_len = self.attention_by_seq_len
-            if not by_len or not seq_len:
-                return self.attention_efficiency, 2.5
-            if seq_len <= by_len[0][0]:
-                return by_len[0][1], 2.5
-            for (n0, e0), (n1, e1) in zip(by_len, by_len[1:]):
-                if seq_len <= n1:
-                    return e0 + math.log2(seq_len / n0) / math.log2(n1 / n0) * (e1 - e0), 2.5
-            return by_len[-1][1], 2.5
-        if head_dim <= curve[0][0]:
-            return curve[0][1], curve[0][2]
-        for (d0, e0, r0), (d1, e1, r1) in zip(curve, curve[1:]):
-            if head_dim <= d1:
-                w = math.log2(head_dim / d0) / math.log2(d1 / d0)
-                return e0 + w * (e1 - e0), r0 + w * (r1 - r0)
-        return curve[-1][1], curve[-1][2]
+        if self.attention_by_head_dim and head_dim:
+            return _on_log2_curve(self.attention_by_head_dim, head_dim)
+        if self.attention_by_seq_len and seq_len:
+            return _on_log2_curve(self.attention_by_seq_len, seq_len)[0], 2.5
+        return self.attention_efficiency, 2.5
 
     def transcendental_s(self, op: str, elems: float) -> float | None:
         """Measured seconds of ``op`` over ``elems`` elements, or None where it was not measured."""
