@@ -244,8 +244,11 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     req = solver.Request(graph=graph, cluster=cluster, model=config, global_batch=global_batch, seq_len=seq_len,
                          dtype=dtype, fixed=fixed, time_limit_s=time_limit_s, top=top, runtime=runtime,
                          software=program)
-    # fused kernels swap the zoo's module classes (codegen.fused): offered on those only
-    fusions = fusion_names(find_fusions(graph)) if zoo_modules else ()
+    # fused kernels swap module classes (codegen.fused): the zoo's for every chain the fusion pass finds, a
+    # user's own for swiglu where each block's MLP is exactly that chain (the structure's notes say which)
+    from .codegen.fused import user_fusions
+    fusions, structure = ((fusion_names(find_fusions(graph)), structure) if zoo_modules
+                          else user_fusions(graph, structure))
     if structure is not None:
         structure = replace(structure, notes=structure.notes + why_not)
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}

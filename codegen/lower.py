@@ -45,7 +45,7 @@ def lower(plan: Plan, *, fuse: bool = False) -> Program:
     dp, tp = plan.mesh.dp, plan.mesh.tp
     steps: list[Step] = [BuildMesh(dims=_mesh_dims(plan)), *context.flatten_mesh(plan), *hybrid.flatten_steps(plan)]
     if fuse:
-        steps += fused.fuse_steps(plan, cfg["layers"])
+        steps += fused.fuse_steps(plan, cfg["structure"])
     if tp > 1:
         steps += _tensor_parallel(plan, cfg)
     if plan.mesh.cp > 1:

@@ -319,10 +319,13 @@ class FuseKernel:
     """Run ``module``'s forward through a generated fused kernel (``codegen.kernels``): its class is
     swapped for a subclass whose forward calls ``kernels.<kernel>`` on the same parameters, so the
     state dict, tensor parallelism and FSDP see the module unchanged. ``kernel`` is a pattern name of
-    ``codegen.kernels.PATTERNS`` that ``codegen.fused.FUSED_MODULES`` knows how to apply."""
+    ``codegen.kernels.PATTERNS`` that ``codegen.fused.FUSED_MODULES`` knows how to apply to a zoo module,
+    or, with ``submodules``, ``codegen.fused.USER_MODULES`` to a user's module: the children the fused
+    method calls, by their paths inside ``module`` in the order of the spec's roles (swiglu: gate, up, down)."""
 
     module: str
     kernel: str
+    submodules: tuple[str, ...] = ()
 
 
 Step = (BuildMesh | SplitPipeline | TensorParallel | ExpertMesh | ExpertParallel | Recompute | FullyShard

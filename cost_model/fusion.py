@@ -15,7 +15,10 @@ comments; a test holds the two tables together, since the cost model may import 
     bias_gelu      gpt          1          ffn     GELU 2 (1)                 2 (1)      4 (2: grad, bias sum)
 
 One add + norm per layer: the one inside a block (``codegen.fused``; the MLP's residual add and the
-next block's norm cross the block boundary and stay eager). bias_gelu saves nothing here: PyTorch's
+next block's norm cross the block boundary and stay eager). A family is the kind of block the layer
+cost prices, the zoo's or a user's: a Hugging Face Llama, Mistral or Qwen3 block is "llama", and its
+plan records swiglu alone (the kernel runs on the user's own MLP; the add + norm kernels on the zoo's
+blocks only), so these rows hold for it as they are. bias_gelu saves nothing here: PyTorch's
 ``Linear`` adds its bias in the GEMM's epilogue (cuBLASLt), so the eager GELU already reads and
 writes the FFN activation once each; the fused kernel's saving is against Megatron-LM's separate
 bias add (``codegen.fusion`` counts that one). Bias and norm-weight vectors are negligible.

@@ -3,7 +3,8 @@
 The generated source goes to a cache folder (``$MESHPLAN_KERNEL_CACHE`` or ``~/.cache/meshplan/kernels``)
 named by its hash, and is imported from there with importlib, once per process. Kernels run in the
 Triton interpreter when ``TRITON_INTERPRET=1`` was set before triton was first imported (CPU tensors),
-with the interpreter's block sizes then.
+with the interpreter's block sizes then. The fused class subclasses the module's own class, the
+zoo's or a user's (``codegen.fused``: ``FUSED_MODULES``, ``USER_MODULES``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from ..codegen.fused import FUSED_MODULES
+from ..codegen.fused import FUSED_MODULES, USER_MODULES, spec_of
 from ..codegen.kernels import GPU_RULES, INTERPRETER_RULES, generate_module
 from ..codegen.program import FuseKernel
 from ..ir import InvalidPlanError
@@ -52,22 +53,32 @@ def load_kernels(kernels: tuple[str, ...]) -> ModuleType:
 
 
 @functools.cache
-def fused_class(kernel: str, base: type) -> type:
-    """The subclass of ``base`` (the zoo class ``FUSED_MODULES`` names; the runtime takes it from the
-    model, not the zoo) whose method runs ``kernel``, as the emitted script defines it."""
-    spec = FUSED_MODULES[kernel]
+def fused_class(kernel: str, base: type, submodules: tuple[str, ...] = ()) -> type:
+    """The subclass of ``base`` whose method runs ``kernel``, as the emitted script defines it: ``base`` is
+    the model's own class (the zoo class ``FUSED_MODULES`` names, or with ``submodules`` a user's module,
+    whose children the method calls by those names, ``USER_MODULES``)."""
+    spec = (USER_MODULES if submodules else FUSED_MODULES)[kernel]
     namespace: dict = {"kernels": load_kernels((kernel,)), "torch": torch}
     exec(textwrap.dedent(spec.source()), namespace)  # the emitted script's method, verbatim
     method = spec.signature.split("(")[0]
-    return type(spec.name, (base,), {method: namespace[method], "__module__": __name__,
-                                     "__doc__": f"{spec.base} with {method} through the generated {kernel} kernel."})
+    attrs = {"fused_submodules": submodules} if submodules else {}
+    return type(spec.name, (base,), {method: namespace[method], **attrs, "__module__": __name__,
+                                     "__doc__": f"{spec.base or base.__name__} with {method} through the generated "
+                                                f"{kernel} kernel."})
 
 
 def fuse_kernel(step: FuseKernel, state) -> None:
     """Swap the class of ``step.module`` for its fused subclass (parameters and submodules stay)."""
     module: nn.Module = state.get(step.module)
-    base_name = FUSED_MODULES[step.kernel].base
-    if type(module).__name__ != base_name:
-        raise InvalidPlanError(f"FuseKernel({step.module}, {step.kernel}) needs a {base_name}, "
+    spec = spec_of(step)
+    if spec.base and type(module).__name__ != spec.base:
+        raise InvalidPlanError(f"FuseKernel({step.module}, {step.kernel}) needs a {spec.base}, "
                                f"found {type(module).__name__}")
-    module.__class__ = fused_class(step.kernel, type(module))
+    for role, name in zip(spec.roles, step.submodules):
+        try:
+            module.get_submodule(name)
+        except AttributeError:
+            raise InvalidPlanError(f"FuseKernel({step.module}, {step.kernel}) calls the module's {role} "
+                                   f"{name!r}, which {type(module).__name__} does not have; re-plan this model "
+                                   "(meshplan plan)") from None
+    module.__class__ = fused_class(step.kernel, type(module), step.submodules)

@@ -61,9 +61,12 @@ def test_lower_fuse_skips_what_the_plan_rules_out_and_says_so() -> None:
 
 def test_fusion_keeps_parameter_names_and_the_cost_model_counts_what_lowering_applies() -> None:
     from meshplan.cost_model.fusion import FUSED_TRAFFIC, runs
-    from meshplan.codegen.fused import FUSED_MODULES, applicable
+    from meshplan.codegen.fused import FUSED_MODULES, USER_MODULES, applicable
 
     assert set(FUSED_TRAFFIC) == set(FUSED_MODULES)
+    # a user's module runs a kernel for the families the cost model counts it in, as the zoo's does
+    assert all(spec.families == FUSED_MODULES[k].families == FUSED_TRAFFIC[k].families
+               for k, spec in USER_MODULES.items())
     for model in ("gpt-tiny", "llama-tiny", "moe-tiny"):
         for tp, sp in ((1, False), (2, False), (2, True)):
             plan = _plan(model, tp=tp, sequence_parallel=sp, fusions=tuple(FUSED_MODULES))

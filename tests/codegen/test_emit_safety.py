@@ -174,7 +174,11 @@ def _program(**kw):
     (Recompute(module="layers.0.attn", policy=Policy.SELECTIVE, save_ops=("aten.mm.default, os.system('x')",)),
      "save_ops"),
     (FuseKernel(module="layers.0.mlp", kernel="swiglu(x); import os"), "FuseKernel.kernel"),
-], ids=["mesh-axis", "tp-axis", "module-path", "fsdp-axis", "bool", "save-op", "kernel"])
+    (FuseKernel(module="layers.0.mlp", kernel="swiglu", submodules=("w1", 'w3"); import os; ("', "w2")),
+     "FuseKernel.submodules entry"),
+    (FuseKernel(module="layers.0.mlp", kernel="swiglu", submodules=("w1", "w3")), "FuseKernel.submodules"),
+], ids=["mesh-axis", "tp-axis", "module-path", "fsdp-axis", "bool", "save-op", "kernel", "kernel-child",
+        "kernel-children"])
 def test_a_name_that_is_not_a_name_is_refused(step, field) -> None:
     base = lower(_plan())
     steps = (step, *base.steps[1:]) if isinstance(step, BuildMesh) else (*base.steps, step)
@@ -232,6 +236,33 @@ def test_doc_text_cannot_end_a_docstring(text) -> None:
     assert doc.count("\n") == 3  # the text's own newlines show as escapes
     if text.isascii() and text.isprintable():
         assert doc == f"Train {text}.\n\n{text}\n"
+
+
+# ---- a user's module fused: its children's names are data ----------------------------------------
+
+def test_a_user_mlp_fused_calls_its_children_by_names_held_as_strings(tmp_path) -> None:
+    """A Hugging Face Llama's plan with swiglu, and the same plan with children named "0", "1", "2" (an
+    nn.Sequential MLP: valid module paths, no identifiers): each script compiles, the names are the string
+    constants of ``fused_submodules``, and none is code (a name or an attribute)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, vocab_size=128, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    hf = api.autoparallelize(model, "h100-sxm:1x2", global_batch=4, seq_len=16, fixed={"dp": 2, "tp": 1, "pp": 1})
+    assert hf.fusions == ("swiglu",)
+    indexed = dataclasses.replace(hf, structure={**hf.structure, "mlp_in": ["mlp.0", "mlp.1"], "mlp_out": "mlp.2"})
+    for plan, children in ((hf, ("gate_proj", "up_proj", "down_proj")), (indexed, ("0", "1", "2"))):
+        path = _via_file(plan, tmp_path, children[0]).emit(tmp_path / f"train-{children[0]}.py", fuse=True)
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not names & set(children)
+        fused = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FusedSwiGLUMLP")
+        held = next(n.value for n in fused.body if isinstance(n, ast.Assign) and n.targets[0].id == "fused_submodules")
+        assert ast.literal_eval(held) == children
 
 
 # ---- the kernels module beside a script whose name is no identifier -------------------------------

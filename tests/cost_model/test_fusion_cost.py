@@ -93,3 +93,21 @@ def test_autoparallelize_records_fusions_and_reports_their_saving() -> None:
     assert f"add_rmsnorm, swiglu: save {saved_ms:.1f} ms/step (emit and apply fuse by default" in plan.report()
     assert "with --no-fuse (eager ops): the fused kernels add_rmsnorm, swiglu save" in plan.explain()
     assert ir.Plan.from_json(plan.to_json()).fusions == plan.fusions
+
+
+def test_a_hugging_face_llama_with_swiglu_alone_saves_what_the_zoo_saves_with_it() -> None:
+    """A Hugging Face Llama's block is priced as the zoo's llama: its plan records swiglu (the kernel runs on
+    its own LlamaMLP, codegen.fused), which saves the same bytes and launches as in the zoo's layer."""
+    import transformers
+
+    cfg = zoo.config("llama-tiny")
+    hf_cfg = transformers.LlamaConfig(hidden_size=cfg.hidden, intermediate_size=cfg.ffn_hidden,
+                                      num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+                                      num_key_value_heads=cfg.kv_heads, vocab_size=cfg.vocab)
+    with torch.device("meta"):
+        hf = trace(transformers.LlamaForCausalLM(hf_cfg), batch=1, seq_len=64).dims
+    zoo_dims = _dims("llama-tiny")
+    assert hf.family == "llama" and worthwhile(("swiglu",), hf.family, tp=2, sp=True) == ("swiglu",)
+    shapes = [LayerShape(dims=d, micro_batch=2, seq_len=128, tp=2, fusions=("swiglu",)) for d in (hf, zoo_dims)]
+    savings = [fusion_saving(s, s.fusions) for s in shapes]
+    assert savings[0] == savings[1] and savings[0].fwd_bytes > 0
