@@ -2,6 +2,7 @@
 returns a ``Plan`` that can be reported, saved, emitted as a program, or applied to a model."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -178,19 +179,51 @@ def model_config(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> dict
     return out
 
 
-def offered(structure: ir.ModelStructure | None, zoo_modules: bool) -> tuple[frozenset[str], tuple[str, ...]]:
+def cp_blockers(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> tuple[str, ...]:
+    """Why the runtime cannot run context parallelism on this model (not the zoo's), in words; () when
+    it can. ``runtime.context.ContextParallelSDPA`` takes over the SDPA its attention calls and hands
+    the model the tokens' global ``position_ids``; a sliding window must span the whole sequence."""
+    from .codegen.context import cp_blockers as structure_blockers
+
+    s = graph.structure
+    if s is None:
+        return ("no structure was found in the model",)
+    why = list(structure_blockers(s))
+    if not why:
+        attn = f"{s.block_path(0)}.{s.attn}"
+        ops = {n.target for n in graph.nodes if n.module_path == attn or n.module_path.startswith(attn + ".")}
+        if "aten.scaled_dot_product_attention.default" not in ops:
+            why.append(f"the attention module {attn!r} calls no scaled_dot_product_attention (Hugging Face: build "
+                       "it with attn_implementation=\"sdpa\"), where the runtime gathers K and V over cp")
+    try:
+        takes_positions = "position_ids" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        takes_positions = False
+    if not takes_positions:
+        why.append(f"{type(module).__name__}.forward takes no position_ids, by which the runtime gives each "
+                   "rank's tokens their places in the whole sequence")
+    config = getattr(module, "config", None)
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    if isinstance(window, int) and 0 < window < seq_len:
+        why.append(f"its sliding-window attention ({window} tokens) is shorter than the sequence ({seq_len}); the "
+                   "runtime masks causally only")
+    return tuple(why)
+
+
+def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
+            cp_why: tuple[str, ...] = ("no structure was found in the model",)
+            ) -> tuple[frozenset[str], tuple[str, ...]]:
     """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
-    why the rest is not offered, in words for the report."""
+    why the rest is not offered, in words for the report. ``cp_why``: ``cp_blockers``' reasons."""
     from .codegen.pipeline_lower import pipeline_blockers
     from .codegen.tp_plans import sp_blockers
 
     runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
         return frozenset(runtime), ()
-    runtime -= {"cp"}
-    why.append("context parallelism is not offered: the runtime runs it on meshplan's zoo attention class only so "
-               "far (tensor, sequence, pipeline, expert, data and ZeRO parallelism and recompute run on any "
-               "model's modules)")
+    if cp_why:
+        runtime -= {"cp"}
+        why.append(f"context parallelism is not offered: {'; '.join(cp_why)}")
     if blocker := (pipeline_blockers(structure) if structure is not None else "no structure was found in the model"):
         runtime -= {"pp"}
         why.append(f"pipeline parallelism is not offered: {blocker}")
@@ -235,7 +268,7 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     zoo_modules = structure is not None and zoo_family(structure) is not None and source["kind"] == "zoo"
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
-    runtime, why_not = offered(structure, zoo_modules)
+    runtime, why_not = offered(structure, zoo_modules, () if zoo_modules else cp_blockers(module, graph, seq_len))
     if program.search_space == "megatron":  # Megatron runs the plan: its options, not meshplan runtime's
         runtime, why_not = solver.space.MEGATRON, (
             f"costed as {program.name}: the search offers what Megatron-Core runs (the distributed optimizer "

@@ -4,8 +4,9 @@
     FlattenMesh(dp, cp -> dp_cp)     right after the mesh: the ranks that see different tokens
     TensorParallel(...)              as without cp: tp splits the heads of each cp rank's tokens (with sp,
                                      each cp rank's tokens are split further over tp: seq % (cp * tp) == 0)
-    ContextParallel(layers.i.attn)   after tensor parallelism, before recompute (which wraps attn)
-    ContextParallel(embed)           gpt only: its learned positions become the tokens' global ones
+    ContextParallel(<block>.<attn>)  after tensor parallelism, before recompute (which wraps attn): the zoo's
+                                     attention, or any attention that calls SDPA (the model takes position_ids)
+    ContextParallel(embed)           zoo gpt only: its learned positions become the tokens' global ones
     Recompute(...)                   as without cp
     FullyShard | DataParallel | ShardOptimizer   over "dp_cp" instead of "dp"
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from ..ir import InvalidPlanError, Plan
+from ..ir import InvalidPlanError, ModelStructure, Plan
 from . import safe
 from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, Step
 
@@ -67,13 +68,27 @@ def flatten_mesh(plan: Plan) -> list[Step]:
 
 
 def context_parallel(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
-    """Each block's attention, then (gpt) the embedding's learned positions."""
-    cp, balance = plan.mesh.cp, load_balance(plan)
-    steps: list[Step] = [ContextParallel(module=f"layers.{i}.{ATTENTION}", cp_size=cp, load_balance=balance)
+    """Each block's attention (the structure's ``attn``), then (zoo gpt) the embedding's learned positions.
+    Another model's attention runs its SDPA over cp, and the model takes ``position_ids``
+    (``runtime.context.ContextParallelSDPA``)."""
+    cp, balance, s = plan.mesh.cp, load_balance(plan), cfg["structure"]
+    steps: list[Step] = [ContextParallel(module=f"{s.block_path(i)}.{s.attn}", cp_size=cp, load_balance=balance)
                          for i in range(cfg["layers"])]
-    if cfg["family"] == "gpt":
+    if cfg["zoo"] and cfg["family"] == "gpt":
         steps.append(ContextParallel(module=EMBEDDING, cp_size=cp, load_balance=balance))
     return steps
+
+
+def cp_blockers(s: ModelStructure) -> tuple[str, ...]:
+    """Why the runtime cannot run context parallelism on a model of structure ``s`` (not the zoo's), in
+    words; () when it can (what the module and its forward must also allow is ``api.cp_blockers``)."""
+    why = []
+    if not s.num_blocks or not s.attn:
+        why.append("no attention module was found in repeated blocks")
+    if s.pos_embed:
+        why.append(f"the learned position embedding {s.pos_embed!r} is read by the model's forward from the local "
+                   "token count, not from position_ids")
+    return tuple(why)
 
 
 def context_step(program: Program) -> ContextParallel | None:
@@ -132,7 +147,7 @@ def _data_parallel_comment(step: Step) -> str | None:
 def imports(program: Program) -> list[str]:
     if context_step(program) is None:
         return []
-    return ["from meshplan.runtime.context import context_parallel, sequence_share"]
+    return ["from meshplan.runtime.context import context_parallel, sequence_positions, sequence_share"]
 
 
 # ---- the script parts that differ from codegen.script --------------------------------------------
@@ -175,7 +190,9 @@ def get_batch(step: int, seed: int, dp_rank: int, cp_rank: int, data: TokenFile 
 LOOP_CHANGES = (
     ('    dp_rank, dp_group = mesh.get_local_rank("dp"), mesh["dp"].get_group()\n',
      '    dp_rank, cp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("cp")\n'
-     f'    data_group = mesh["{DATA_AXIS}"].get_group()  # the dp x cp ranks: each sees other tokens\n'),
+     f'    data_group = mesh["{DATA_AXIS}"].get_group()  # the dp x cp ranks: each sees other tokens\n'
+     '    # the global positions of this rank\'s tokens (a model other than the zoo\'s takes them as position_ids)\n'
+     '    cp_positions = sequence_positions(SEQ_LEN, CP_SIZE, cp_rank, LOAD_BALANCE, device)[None]\n'),
     ("get_batch(step, args.seed, dp_rank, data)", "get_batch(step, args.seed, dp_rank, cp_rank, data)"),
     ("dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks",
      "dist.all_reduce(loss_sum, group=data_group)  # the global mean loss: average over the dp x cp ranks"),

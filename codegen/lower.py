@@ -131,12 +131,9 @@ def _check_model_modules(plan: Plan, cfg: dict[str, Any]) -> None:
     if plan.sequence_parallel and (why := tp_plans.sp_blockers(s)):
         raise InvalidPlanError(f"sequence parallelism needs norms and module boundaries it can shard on: {'; '.join(why)}; "
                                "plan without sp (--no-sp)")
-    if not cfg["zoo"] and m.cp > 1:
-        # context parallelism runs the zoo's attention class (runtime.context); other models get tensor,
-        # data, pipeline, expert and ZeRO parallelism and recompute
-        raise InvalidPlanError(f"cp({m.cp}) > 1: the runtime runs context parallelism only on meshplan's zoo "
-                               f"modules so far, and this model's structure is not one (blocks {s.blocks!r}); "
-                               "plan with cp=1")
+    if not cfg["zoo"] and m.cp > 1 and (why := context.cp_blockers(s)):
+        raise InvalidPlanError(f"cp({m.cp}) > 1: the runtime cannot run context parallelism on this model: "
+                               f"{'; '.join(why)}; plan with cp=1")
     if m.pp > 1 and (why := pipeline_lower.pipeline_blockers(s)):
         raise InvalidPlanError(f"pp({m.pp}) > 1: {why}; plan with pp=1")
     if any(r == RecomputeChoice.SELECTIVE for r in plan.recompute) and not s.attn:

@@ -3,6 +3,7 @@
     zoo       model = build_on_meta({"kind": "zoo", "config": MODEL_CONFIG}, seed)  logits = model(x)
     hf        model = build_on_meta({"kind": "hf", "class": ..., "config": HF_CONFIG}, seed)
                                                                              logits = model(x, use_cache=False).logits
+              (under context parallelism HF and builder models also get position_ids=cp_positions)
     builder   from pkg.module import function as build_user_model
               model = build_user_model(**BUILDER_KWARGS)                       logits = logits_of(model(x))
     module    refused: only the caller holds that model (plan.apply runs it; emit needs a source to build it)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from ..ir import InvalidPlanError
 from . import safe
-from .program import DataParallel, Program, SplitPipeline
+from .program import ContextParallel, DataParallel, Program, SplitPipeline
 
 INDENT = "    "
 
@@ -100,7 +101,11 @@ def build_lines(program: Program) -> list[str]:
 def loss_line(program: Program) -> str:
     """The micro-batch's loss from the output of a Hugging Face or builder model on ``x`` (a zoo model's
     is the template's ``FORWARD_BACKWARD``)."""
+    # under context parallelism the tokens' global positions (codegen.context: cp_positions, per rank)
+    positions = ", position_ids=cp_positions.expand(x.shape[0], -1)" if any(
+        isinstance(s, ContextParallel) for s in program.steps) else ""
     if kind(program) == "hf":
-        return ("loss = token_cross_entropy(model(x.to(device), use_cache=False).logits, y.to(device)) "
+        return (f"loss = token_cross_entropy(model(x.to(device){positions}, use_cache=False).logits, y.to(device)) "
                 "/ NUM_MICROBATCHES")
-    return "loss = token_cross_entropy(logits_of(model(x.to(device))), y.to(device)) / NUM_MICROBATCHES"
+    return (f"loss = token_cross_entropy(logits_of(model(x.to(device){positions})), y.to(device)) "
+            "/ NUM_MICROBATCHES")

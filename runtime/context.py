@@ -25,6 +25,17 @@ that is ``sum_dc dL_dc / dw``, so averaging gradients over the dp x cp ranks (DD
 flattened ``dp_cp`` axis, ``FlattenMesh``) gives exactly ``dL / dw``, and the loss reported is the
 average of the ``L_dc`` over the same ranks.
 
+Any model's attention (``ContextParallelSDPA``). Where attention is not meshplan's own module, the
+one op every attention implementation here calls, ``F.scaled_dot_product_attention`` (Hugging Face's
+"sdpa" attention, torchtitan's, nanoGPT's), is taken over while the attention module runs (a
+``TorchFunctionMode`` entered in its forward): K and V are gathered over cp as above, and the local
+queries attend them under the causal mask of their global positions, which replaces the mask the
+model passed (a causal LM's, built for the local tokens). The model is called with ``position_ids``
+= the global positions of the rank's tokens, so that its rotary tables are those of their places in
+the whole sequence (``SequenceSplit.positions``; Hugging Face models take them). A forward that
+calls no SDPA (HF "eager" attention), a call that is neither causal nor masked, or a sliding window
+shorter than the sequence is refused where it happens.
+
 Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it replaces only
 the CUDA attention kernels (flash, efficient, cudnn); on CPU, SDPA runs
 ``aten._scaled_dot_product_flash_attention_for_cpu``, which it has no rule for (seen on gloo:
@@ -41,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -103,7 +115,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 
 class _ContextParallelModule:
-    """What both swapped classes share: the cp group and this rank's place in it."""
+    """What the swapped classes share: the cp group, this rank's place in it, and the K/V gather."""
 
     cp_group: dist.ProcessGroup
     cp_size: int
@@ -112,6 +124,16 @@ class _ContextParallelModule:
 
     def cp_runs(self, local_len: int) -> Runs:
         return sequence_runs(local_len * self.cp_size, self.cp_size, self.cp_rank, self.load_balance)
+
+    def _gather(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """``t`` with this rank's tokens along ``dim`` (s / cp) from every cp rank -> all s tokens in
+        sequence order (the zoo's (b, s, kv_heads, hd); SDPA's (b, kv_heads, s, hd) with ``dim=2``)."""
+        dim %= t.dim()
+        gathered = funcol.all_gather_single(t.contiguous(), gather_dim=dim, group=self.cp_group)
+        order = _gathered_order(t.shape[dim] * self.cp_size, self.cp_size, self.load_balance)
+        if order is None:
+            return gathered
+        return gathered.index_select(dim, torch.tensor(order, device=t.device))
 
 
 class ContextParallelAttention(_ContextParallelModule):
@@ -133,13 +155,80 @@ class ContextParallelAttention(_ContextParallelModule):
             first = rows.stop
         return torch.cat(out, dim=1)  # (b, local_len, heads, hd)
 
-    def _gather(self, t: torch.Tensor) -> torch.Tensor:
-        """(b, s / cp, kv_heads, hd) from every cp rank -> (b, s, kv_heads, hd) in sequence order."""
-        gathered = funcol.all_gather_single(t.contiguous(), gather_dim=1, group=self.cp_group)
-        order = _gathered_order(t.shape[1] * self.cp_size, self.cp_size, self.load_balance)
-        if order is None:
-            return gathered
-        return gathered[:, torch.tensor(order, device=t.device)]
+
+
+class _SDPAOverCP(TorchFunctionMode):
+    """While an attention module runs: its ``F.scaled_dot_product_attention`` calls go to the module's
+    ``sdpa_over_cp``; every other function runs as it would."""
+
+    def __init__(self, module: "ContextParallelSDPA") -> None:
+        super().__init__()
+        self.module, self.calls = module, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            return self.module.sdpa_over_cp(*args, **kwargs)  # the mode is off inside: SDPA runs as itself
+        return func(*args, **kwargs)
+
+
+class ContextParallelSDPA(_ContextParallelModule):
+    """Mixed into any other attention module: its SDPA attends this rank's queries to K and V gathered
+    over cp, causally by global position (module docstring)."""
+
+    def forward(self, *args, **kwargs):
+        mode = _SDPAOverCP(self)
+        with mode:
+            out = super().forward(*args, **kwargs)  # type: ignore[misc]
+        if not mode.calls:
+            raise InvalidPlanError(
+                f"context parallelism: {type(self).__name__.removeprefix('ContextParallel')} ran no "
+                "torch.nn.functional.scaled_dot_product_attention, which is where the runtime gathers K and V "
+                "over cp; build the model with SDPA attention (Hugging Face: attn_implementation=\"sdpa\") "
+                "or plan with cp=1")
+        return out
+
+    def sdpa_over_cp(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                     scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+        """SDPA of this rank's queries (b, heads, s / cp, hd) against every rank's keys and values."""
+        local_len = query.shape[-2]
+        if attn_mask is None and not is_causal:
+            raise InvalidPlanError(
+                f"context parallelism: {type(self).__name__.removeprefix('ContextParallel')} calls "
+                "scaled_dot_product_attention with neither is_causal nor a mask (attention over the whole "
+                "sequence); the runtime runs causal attention over cp only: plan with cp=1")
+        window = self.cp_window
+        if window is not None and window < local_len * self.cp_size:
+            raise InvalidPlanError(
+                f"context parallelism: sliding-window attention ({window} tokens) over sequences of "
+                f"{local_len * self.cp_size}; the runtime masks causally only: plan with cp=1 or seq_len <= {window}")
+        groups = getattr(self, "num_key_value_groups", 1)  # Hugging Face's heads per K/V head
+        if not enable_gqa and isinstance(groups, int) and groups > 1 and key.shape[-3] == query.shape[-3]:
+            # K and V came repeated to every query head (HF's repeat_kv, done when a mask is passed, which
+            # HF decides per rank from the positions): gather the kv_heads alone, so that every rank sends
+            # the same shape, and let SDPA repeat them
+            key, value, enable_gqa = key[..., ::groups, :, :], value[..., ::groups, :, :], True
+        k_all, v_all = self._gather(key, dim=-2), self._gather(value, dim=-2)  # (b, kv_heads, s, hd)
+        out, first = [], 0
+        for start, stop in self.cp_runs(local_len):
+            rows = slice(first, first + stop - start)
+            mask = torch.arange(stop, device=query.device)[None, :] <= torch.arange(
+                start, stop, device=query.device)[:, None]  # key <= query, by global position
+            out.append(F.scaled_dot_product_attention(
+                query[..., rows, :], k_all[..., :stop, :], v_all[..., :stop, :], attn_mask=mask,
+                dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa))
+            first = rows.stop
+        return torch.cat(out, dim=-2)
+
+    @property
+    def cp_window(self) -> int | None:
+        """The sliding window the module attends in (Hugging Face's ``sliding_window``), or None."""
+        config = getattr(self, "config", None)
+        window = getattr(self, "sliding_window", None) or (
+            getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None)
+        return window if isinstance(window, int) and window > 0 else None
 
 
 class ContextParallelPositions(_ContextParallelModule):
@@ -162,17 +251,17 @@ def _cp_class(cls: type, mixin: type) -> type:
 def context_parallel(module: nn.Module, cp_mesh: DeviceMesh, *, load_balance: bool = True) -> nn.Module:
     """Make ``module`` run on this cp rank's tokens of every sequence (``sequence_share``), in place:
     an attention module (with ``attend`` and ``rope_rows``, as the zoo's) gathers K and V over the 1-D
-    ``cp_mesh``; an embedding (with ``positions``) gives its tokens their global positions. Parameters
-    and their names stay as they are."""
+    ``cp_mesh``; an embedding (with ``positions``) gives its tokens their global positions; any other
+    module is an attention module whose SDPA calls gather K and V (``ContextParallelSDPA``; its model
+    must be called with ``position_ids``). Parameters and their names stay as they are."""
     if isinstance(module, _ContextParallelModule):
         raise InvalidPlanError(f"{type(module).__name__} already runs context-parallel; apply it once")
     if hasattr(module, "attend") and hasattr(module, "rope_rows"):
         mixin: type = ContextParallelAttention
     elif hasattr(module, "positions"):
         mixin = ContextParallelPositions
-    else:
-        raise InvalidPlanError(f"context parallelism needs an attention module with attend() and rope_rows(), or "
-                               f"an embedding with positions(), as meshplan.zoo has; got {type(module).__name__}")
+    else:  # any other attention module: its SDPA calls are taken over (the model gets position_ids)
+        mixin = ContextParallelSDPA
     module.__class__ = _cp_class(type(module), mixin)
     module.cp_group, module.cp_size = cp_mesh.get_group(), cp_mesh.size()
     module.cp_rank, module.load_balance = cp_mesh.get_local_rank(), load_balance
@@ -207,6 +296,12 @@ class SequenceSplit:
         if self.cp_size == 1:
             return tokens
         return sequence_share(tokens, self.cp_size, self.cp_rank, load_balance=self.load_balance)
+
+    def positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The global positions of ``tokens`` (this rank's share, (b, s / cp)): ``position_ids`` (b, s / cp)."""
+        local = tokens.shape[1]
+        return sequence_positions(local * self.cp_size, self.cp_size, self.cp_rank, self.load_balance,
+                                  tokens.device).expand(tokens.shape[0], local)
 
 
 def sequence_split(program: Program, mesh: DeviceMesh) -> SequenceSplit:

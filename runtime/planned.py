@@ -145,8 +145,11 @@ class PlannedModule:
 
     def _forward(self, x: torch.Tensor) -> object:
         """The model's output for ``x`` (what ``loss_fn`` takes): Hugging Face models are called without a
-        KV cache (training)."""
-        kwargs = {"use_cache": False} if self._hf else {}
+        KV cache (training); under context parallelism a model other than the zoo's gets the global
+        ``position_ids`` of this rank's tokens (``runtime.context``)."""
+        kwargs: dict = {"use_cache": False} if self._hf else {}
+        if self.sequence.cp_size > 1 and self.program.source.get("kind", "zoo") != "zoo":
+            kwargs["position_ids"] = self.sequence.positions(x)
         return self.module(x, **kwargs)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, local: bool = False) -> float:

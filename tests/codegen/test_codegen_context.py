@@ -83,7 +83,7 @@ def test_cp_script_reads_like_a_recipe() -> None:
     assert ("ContextParallel", "layers.{i}.attn", (0, 1, 2, 3)) in groups
     src = emit_source(program)
     compile(src, "t.py", "exec")
-    assert "from meshplan.runtime.context import context_parallel, sequence_share" in src
+    assert "from meshplan.runtime.context import context_parallel, sequence_positions, sequence_share" in src
     assert 'mesh["dp", "cp"]._flatten("dp_cp")' in src
     loop = '    for i in range(4):\n        context_parallel(model.layers[i].attn, mesh["cp"], load_balance=True)'
     assert loop in src

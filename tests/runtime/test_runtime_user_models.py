@@ -40,6 +40,12 @@ def _plan(model, **fixed) -> mp.Plan:
     return mp.autoparallelize(model, "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, fixed={**PINS, **fixed})
 
 
+def _with_cp(plan: mp.Plan, *, dp: int, cp: int) -> mp.Plan:
+    """``plan`` with ``dp`` x ``cp`` ranks where it had dp, each dp rank's micro-batches unchanged in count."""
+    return dataclasses.replace(plan, mesh=dataclasses.replace(plan.mesh, dp=dp, cp=cp),
+                               micro_batch_size=GLOBAL_BATCH // (dp * plan.num_microbatches))
+
+
 @pytest.fixture(scope="module")
 def plans() -> dict[str, mp.Plan]:
     llama_tp = _plan(HF_LLAMA, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2)
@@ -61,6 +67,13 @@ def plans() -> dict[str, mp.Plan]:
         # ... interleaved, two virtual stages per rank, ZeRO-3 and full recompute in each stage
         "hf llama pp2 x dp2 vp2 zero3": _plan(HF_LLAMA_4, pp=2, dp=2, tp=1, zero=3, vp=2, micro_batch=1,
                                               num_microbatches=4, recompute="full"),
+        # context parallelism on HF's own attention: its SDPA gathers K and V over cp, the model gets the
+        # tokens' global position_ids (the solver keeps >= 1024 tokens per cp rank, so cp is set by hand here)
+        "hf llama dp2 x cp2": _with_cp(_plan(HF_LLAMA, dp=4, tp=1, zero=2, micro_batch=1, num_microbatches=2),
+                                       dp=2, cp=2),
+        "hf llama cp2 x tp2 sp": dataclasses.replace(
+            _with_cp(_plan(HF_LLAMA, dp=2, tp=2, zero=0, sp=True, micro_batch=4, num_microbatches=1), dp=1, cp=2),
+            param_layouts={}),
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
@@ -78,7 +91,10 @@ def plans() -> dict[str, mp.Plan]:
 def ranks(plans, tmp_path_factory) -> list[dict]:
     cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"]} for name, plan in plans.items()]
     mismatch = {"plan": plans["hf llama dp2 x tp2 (solver's layouts)"].to_json(), "source": HF_GPT2}
-    return launch(tmp_path_factory, 4, "user_model_cases:run_cases", {"cases": cases, "mismatch": mismatch})
+    eager = {**HF_LLAMA, "config": {**HF_LLAMA["config"], "attn_implementation": "eager"}}
+    cp_eager = {"plan": plans["hf llama dp2 x cp2"].to_json(), "source": eager}
+    return launch(tmp_path_factory, 4, "user_model_cases:run_cases",
+                  {"cases": cases, "mismatch": mismatch, "cp_eager": cp_eager})
 
 
 def test_sources_are_recorded(plans) -> None:
@@ -91,7 +107,8 @@ def test_sources_are_recorded(plans) -> None:
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
                                   "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
                                   "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2",
-                                  "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3"])
+                                  "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
+                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -122,6 +139,21 @@ def test_pipeline_stages_are_cut_from_the_users_modules(plans, ranks) -> None:
     assert plans["hf llama pp2 x dp2 vp2 zero3"].stages == ((0, 1), (1, 2), (2, 3), (3, 4))
 
 
+def test_context_parallelism_runs_on_the_users_attention(ranks) -> None:
+    steps = ranks[0]["hf llama dp2 x cp2"]["steps"]
+    assert "ContextParallel(module='model.layers.0.self_attn'" in steps
+    assert "ContextParallel(module='model.layers.1.self_attn'" in steps
+    assert "FlattenMesh" in steps
+
+
+def test_context_parallelism_refuses_attention_that_runs_no_sdpa(ranks) -> None:
+    """HF's "eager" attention multiplies Q and K itself: no SDPA call to gather K and V in, so the first
+    step stops with the reason instead of attending each rank's own tokens only."""
+    message = ranks[0]["cp_eager"]
+    assert "ran no torch.nn.functional.scaled_dot_product_attention" in message and "LlamaAttention" in message
+    assert 'attn_implementation="sdpa"' in message
+
+
 def test_builder_named_by_the_plan_was_called(ranks) -> None:
     assert "nanogpt" in ranks[0]["nanogpt dp2 x tp2"]["built"]
 
@@ -146,7 +178,8 @@ def _torchrun_losses(script: Path, steps: int) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["hf llama dp2 x tp2 megatron split", "nanogpt dp2 x tp2", "hf llama pp2 x dp2"])
+@pytest.mark.parametrize("name", ["hf llama dp2 x tp2 megatron split", "nanogpt dp2 x tp2", "hf llama pp2 x dp2",
+                                  "hf llama dp2 x cp2"])
 def test_emitted_script_builds_the_users_model(plans, name, tmp_path) -> None:
     """The script builds the model from the plan's source (transformers' class from the inline config, or
     the user's builder), never a zoo stand-in, and trains it as one process does (AdamW, lr 1e-3); a
@@ -159,6 +192,8 @@ def test_emitted_script_builds_the_users_model(plans, name, tmp_path) -> None:
             if plan.source["kind"] == "hf" else "from user_models import nanogpt as build_user_model" in text)
     if plan.mesh.pp > 1:
         assert "Stage(model, *stage_layers[c]" in text and '"blocks": "model.layers"' in text
+    if plan.mesh.cp > 1:
+        assert "position_ids=cp_positions.expand(x.shape[0], -1)" in text
     losses = _torchrun_losses(script, steps=3)
     ref, _ = user_model_cases.reference(plan.source, plan.model["vocab"],
                                         lambda params: torch.optim.AdamW(params, lr=1e-3))

@@ -66,4 +66,13 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
             results["mismatch"] = "applied"
         except ir.InvalidPlanError as exc:
             results["mismatch"] = str(exc)
+    if "cp_eager" in payload:  # context parallelism on attention that calls no SDPA: refused at its first call
+        plan = ir.Plan.from_json(payload["cp_eager"]["plan"])
+        pm = apply(plan, build_seeded(payload["cp_eager"]["source"]), optimizer=optimizer)
+        x, y = synthetic_batch(plan.model["vocab"], GLOBAL_BATCH, SEQ_LEN, SEED, 1)
+        try:
+            pm.step(x, y)
+            results["cp_eager"] = "stepped"
+        except ir.InvalidPlanError as exc:
+            results["cp_eager"] = str(exc)
     torch.save(results, outdir / f"rank{rank}.pt")
