@@ -283,10 +283,23 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     fusions, structure = ((fusion_names(find_fusions(graph)), structure) if zoo_modules
                           else user_fusions(graph, structure))
     if structure is not None:
-        structure = replace(structure, notes=structure.notes + why_not)
+        structure = replace(structure, notes=structure.notes + why_not + _flops_note(graph))
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
     return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
                  for p in solver.solve(req, progress=progress))
+
+
+def _flops_note(graph: ir.Graph) -> tuple[str, ...]:
+    """A note for the report where the blocks' FLOPs are the traced graph's, not the family formula's."""
+    from .cost_model.summary import summary_of
+
+    d = summary_of(graph).dims
+    if (d.matmul_scale, d.core_scale) == (1.0, 1.0):
+        return ()
+    return (f"cost: the {d.family} formula's block shapes miss this model's (e.g. latent attention, shared "
+            f"experts); each block is costed at the traced graph's FLOPs: weight matmuls x{d.matmul_scale:.2f} and "
+            f"attention core x{d.core_scale:.2f} the formula's (activation and parameter memory still follow the "
+            "formula's shapes)",)
 
 
 def _software(software: str | Software | None, dtype: str | None) -> Software:

@@ -82,12 +82,12 @@ def layer_matmul_params(dims: ModelDims) -> int:
 def layer_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:
     """Forward FLOPs of one layer over ``sequences`` sequences: matmuls plus the attention core."""
     tokens = sequences * seq_len
-    return 2.0 * tokens * layer_matmul_params(dims) + attention_core_flops(dims, sequences, seq_len)
+    return 2.0 * tokens * layer_matmul_params(dims) * dims.matmul_scale + attention_core_flops(dims, sequences, seq_len)
 
 
 def attention_core_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:
     """Q K^T and P V forward, counting a causal mask as full: 4 * b * s^2 * heads * head_dim (= h mostly)."""
-    return 4.0 * sequences * seq_len * seq_len * q_width(dims)
+    return 4.0 * sequences * seq_len * seq_len * q_width(dims) * dims.core_scale
 
 
 def logits_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:

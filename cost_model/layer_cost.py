@@ -175,16 +175,18 @@ def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     for m, n, k, count in layer_matmuls(shape):
         f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)
         fwd, bwd = fwd + count * f, bwd + count * b
-    return fwd, bwd
+    scale = shape.dims.matmul_scale  # the traced block's matmul FLOPs where the family's shapes miss them
+    return fwd * scale, bwd * scale
 
 
 def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) seconds of the attention core on one GPU, fused or plain."""
     d, accel = shape.dims, cluster.accelerator
     if shape.software.attention == "plain":
-        return plain_attention_fwd_bwd_s(accel, shape.dtype, batch_heads=shape.micro_batch * d.heads / shape.tp,
+        f, b = plain_attention_fwd_bwd_s(accel, shape.dtype, batch_heads=shape.micro_batch * d.heads / shape.tp,
                                          q_len=shape.seq_len / shape.cp, kv_len=shape.seq_len, head_dim=d.head_dim,
                                          elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.drops_out(d.family))
+        return f * d.core_scale, b * d.core_scale  # core_scale: the traced block's attention where the shapes miss it
     core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
     return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim,
                                speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp)

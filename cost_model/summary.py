@@ -15,9 +15,9 @@ frees its entry and a new graph at the same address is not confused with it.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..ir.graph import Graph, ModelDims
+from ..ir.graph import Graph, ModelDims, OpKind, evaluate
 from . import flops
 
 
@@ -36,8 +36,43 @@ class ModelSummary:
         return self.tp_params + self.norm_params + self.expert_params
 
 
+# what the family formula counts in a block: weight matmuls (experts included) and the attention core
+COUNTED = (OpKind.MATMUL, OpKind.ATTENTION, OpKind.MOE)
+SCALE_TOLERANCE = 0.02  # the formula "holds" within this (GPT-2's matmul biases are 0.5% of a small block)
+
+
+def flops_scales(graph: Graph, dims: ModelDims) -> tuple[float, float]:
+    """(matmul_scale, core_scale): the traced blocks' mean forward FLOPs per token (b s terms: the weight
+    matmuls) and per token pair (b s^2 terms: the attention core), each over what the family formula
+    (``flops.layer_forward_flops``) counts; 1 where they agree within ``SCALE_TOLERANCE``, or the graph has
+    no blocks to count. A node's FLOPs are a polynomial in b and s (``ir.evaluate``): at b = 1 two
+    sequence lengths separate the two terms."""
+    if not graph.blocks or not dims.layers or not dims.heads:
+        return 1.0, 1.0
+    s1, s2 = 1024, 2048
+
+    def counted(seq: int) -> float:
+        return sum(evaluate(n.flops, batch=1, seq=seq) for b in graph.blocks for n in graph.nodes_of(b)
+                   if n.op in COUNTED) / len(graph.blocks)
+
+    f1, f2 = counted(s1), counted(s2)
+    core = (f2 - 2 * f1) / (s2 * s2 - 2 * s1 * s1)  # F(s) = a s + c s^2
+    linear = (f1 - core * s1 * s1) / s1
+    plain = replace(dims, matmul_scale=1.0, core_scale=1.0)
+    formula_linear = 2.0 * flops.layer_matmul_params(plain)
+    formula_core = flops.attention_core_flops(plain, 1, 1)
+
+    def ratio(graph_count: float, formula_count: float) -> float:
+        if formula_count <= 0 or graph_count <= 0:
+            return 1.0
+        r = graph_count / formula_count
+        return 1.0 if abs(r - 1.0) <= SCALE_TOLERANCE else r
+    return ratio(linear, formula_linear), ratio(core, formula_core)
+
+
 def summarize(graph: Graph) -> ModelSummary:
-    dims = graph.dims
+    matmul_scale, core_scale = flops_scales(graph, graph.dims)
+    dims = replace(graph.dims, matmul_scale=matmul_scale, core_scale=core_scale)
     tp_params = flops.attention_params(dims) + flops.dense_mlp_params(dims)
     norm = flops.norm_params(dims)
     experts = flops.expert_params(dims)

@@ -124,6 +124,11 @@ class ModelDims:
     experts: int = 0
     top_k: int = 0
     head_dim: int = 0  # attention head width; 0: hidden // heads (not always so: GPT-OSS, 2880 and 64 heads of 64)
+    # the traced blocks' FLOPs over the family formula's (cost_model.flops), weight matmuls and attention core
+    # apart, where the formula misses them (DeepSeek's latent attention and shared experts); 1 where it holds
+    # (cost_model.summary finds them)
+    matmul_scale: float = 1.0
+    core_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.head_dim:

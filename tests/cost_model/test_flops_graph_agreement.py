@@ -62,3 +62,47 @@ def test_the_formula_is_wrong_without_head_dim() -> None:
     counted = sum(evaluate(n.flops, batch=BATCH, seq=SEQ) for n in graph.nodes_of(block) if n.op in COUNTED)
     as_if_hidden = dataclasses.replace(graph.dims, head_dim=graph.dims.hidden // graph.dims.heads)
     assert layer_forward_flops(as_if_hidden, BATCH, SEQ) != pytest.approx(counted, rel=1e-2)
+
+
+DEEPSEEK = dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+                qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=128, n_group=1, topk_group=1)
+
+
+def test_where_the_formula_misses_the_graphs_count_is_used() -> None:
+    """DeepSeek-V3's blocks (latent attention's low-rank projections and 24-wide q/k heads, a shared expert
+    beside the routed ones, a leading dense layer) are not the family's shapes: the formula alone counts
+    about half their FLOPs. The cost model's dims carry the traced blocks' own count (summary.flops_scales),
+    matmuls and attention core apart, so its per-layer FLOPs are the graph's, at any sequence length."""
+    from meshplan.cost_model.summary import summary_of
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("deepseek_v3",
+                                                                                                **DEEPSEEK))
+    graph = trace(model, batch=BATCH, seq_len=SEQ)
+    dims = summary_of(graph).dims
+    assert dims.matmul_scale > 1.5 and dims.core_scale > 1.5, dims
+    for seq in (SEQ, 4 * SEQ):
+        counted = sum(evaluate(n.flops, batch=BATCH, seq=seq) for b in graph.blocks for n in graph.nodes_of(b)
+                      if n.op in COUNTED) / len(graph.blocks)
+        assert layer_forward_flops(graph.dims, BATCH, seq) < 0.6 * counted  # the family formula alone
+        assert layer_forward_flops(dims, BATCH, seq) == pytest.approx(counted, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", [*CONFIGS, "zoo llama-tiny", "zoo gpt-tiny", "zoo moe-tiny"])
+def test_where_the_formula_holds_it_is_not_scaled(name: str) -> None:
+    from meshplan.cost_model.summary import summary_of
+
+    dims = summary_of(_graph(name)).dims
+    assert (dims.matmul_scale, dims.core_scale) == (1.0, 1.0), dims
+
+
+def test_the_report_says_the_graphs_flops_were_used() -> None:
+    import meshplan as mp
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("deepseek_v3",
+                                                                                                **DEEPSEEK))
+    plan = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=64)
+    assert "each block is costed at the traced graph's FLOPs: weight matmuls x1.81" in plan.report()
