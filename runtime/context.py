@@ -52,9 +52,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
+from torch.overrides import TorchFunctionMode
 
 from ..codegen import ContextParallel, FlattenMesh, Program
 from ..ir import InvalidPlanError
@@ -154,7 +154,6 @@ class ContextParallelAttention(_ContextParallelModule):
                                         self.kv_groups))  # type: ignore[attr-defined]
             first = rows.stop
         return torch.cat(out, dim=1)  # (b, local_len, heads, hd)
-
 
 
 class _SDPAOverCP(TorchFunctionMode):
