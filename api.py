@@ -184,6 +184,7 @@ def cp_blockers(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> tuple
     it can. ``runtime.context.ContextParallelSDPA`` takes over the SDPA its attention calls and hands
     the model the tokens' global ``position_ids``; a sliding window must span the whole sequence."""
     from .codegen.context import cp_blockers as structure_blockers
+    from .runtime.context import sliding_window
 
     s = graph.structure
     if s is None:
@@ -202,9 +203,8 @@ def cp_blockers(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> tuple
     if not takes_positions:
         why.append(f"{type(module).__name__}.forward takes no position_ids, by which the runtime gives each "
                    "rank's tokens their places in the whole sequence")
-    config = getattr(module, "config", None)
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    if isinstance(window, int) and 0 < window < seq_len:
+    window = sliding_window(module)
+    if window is not None and window < seq_len:
         why.append(f"its sliding-window attention ({window} tokens) is shorter than the sequence ({seq_len}); the "
                    "runtime masks causally only")
     return tuple(why)

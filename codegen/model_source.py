@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..ir import InvalidPlanError
 from . import safe
-from .program import ContextParallel, DataParallel, Program, SplitPipeline
+from .context import context_step
+from .program import DataParallel, Program, SplitPipeline
 
 INDENT = "    "
 
@@ -102,8 +103,7 @@ def loss_line(program: Program) -> str:
     """The micro-batch's loss from the output of a Hugging Face or builder model on ``x`` (a zoo model's
     is the template's ``FORWARD_BACKWARD``)."""
     # under context parallelism the tokens' global positions (codegen.context: cp_positions, per rank)
-    positions = ", position_ids=cp_positions.expand(x.shape[0], -1)" if any(
-        isinstance(s, ContextParallel) for s in program.steps) else ""
+    positions = ", position_ids=cp_positions.expand(x.shape[0], -1)" if context_step(program) else ""
     if kind(program) == "hf":
         return (f"loss = token_cross_entropy(model(x.to(device){positions}, use_cache=False).logits, y.to(device)) "
                 "/ NUM_MICROBATCHES")

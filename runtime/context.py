@@ -156,6 +156,15 @@ class ContextParallelAttention(_ContextParallelModule):
         return torch.cat(out, dim=1)  # (b, local_len, heads, hd)
 
 
+def sliding_window(module: nn.Module) -> int | None:
+    """The sliding window ``module`` (a model or its attention) attends in, or None: its own
+    ``sliding_window``, else its config's unless the config turns it off (``use_sliding_window``, Qwen3)."""
+    config = getattr(module, "config", None)
+    window = getattr(module, "sliding_window", None) or (
+        getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None)
+    return window if isinstance(window, int) and window > 0 else None
+
+
 class _SDPAOverCP(TorchFunctionMode):
     """While an attention module runs: its ``F.scaled_dot_product_attention`` calls go to the module's
     ``sdpa_over_cp``; every other function runs as it would."""
@@ -198,7 +207,7 @@ class ContextParallelSDPA(_ContextParallelModule):
                 f"context parallelism: {type(self).__name__.removeprefix('ContextParallel')} calls "
                 "scaled_dot_product_attention with neither is_causal nor a mask (attention over the whole "
                 "sequence); the runtime runs causal attention over cp only: plan with cp=1")
-        window = self.cp_window
+        window = sliding_window(self)
         if window is not None and window < local_len * self.cp_size:
             raise InvalidPlanError(
                 f"context parallelism: sliding-window attention ({window} tokens) over sequences of "
@@ -220,14 +229,6 @@ class ContextParallelSDPA(_ContextParallelModule):
                 dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa))
             first = rows.stop
         return torch.cat(out, dim=-2)
-
-    @property
-    def cp_window(self) -> int | None:
-        """The sliding window the module attends in (Hugging Face's ``sliding_window``), or None."""
-        config = getattr(self, "config", None)
-        window = getattr(self, "sliding_window", None) or (
-            getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None)
-        return window if isinstance(window, int) and window > 0 else None
 
 
 class ContextParallelPositions(_ContextParallelModule):

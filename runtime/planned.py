@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..codegen import Program, lower
+from ..codegen.model_source import kind as source_kind
 from ..ir import InvalidPlanError, Plan
 from .checkpoint import load_checkpoint, save_checkpoint
 from .context import data_group, sequence_split
@@ -97,7 +98,7 @@ class PlannedModule:
         self.sequence = sequence_split(program, self.mesh)  # this rank's tokens of each sequence (cp)
         self.loss_group, self.loss_ranks = data_group(program, self.mesh)  # the ranks that see other tokens
         self._ddp = state.ddp
-        self._hf = program.source.get("kind") == "hf"
+        self._source_kind = source_kind(program)  # zoo, hf, builder or module (codegen.model_source)
         self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
         if self.pipeline is not None:
             build_schedule(self.pipeline, program, self.device, loss_fn)
@@ -147,8 +148,8 @@ class PlannedModule:
         """The model's output for ``x`` (what ``loss_fn`` takes): Hugging Face models are called without a
         KV cache (training); under context parallelism a model other than the zoo's gets the global
         ``position_ids`` of this rank's tokens (``runtime.context``)."""
-        kwargs: dict = {"use_cache": False} if self._hf else {}
-        if self.sequence.cp_size > 1 and self.program.source.get("kind", "zoo") != "zoo":
+        kwargs: dict = {"use_cache": False} if self._source_kind == "hf" else {}
+        if self.sequence.cp_size > 1 and self._source_kind != "zoo":
             kwargs["position_ids"] = self.sequence.positions(x)
         return self.module(x, **kwargs)
 

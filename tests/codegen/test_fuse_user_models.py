@@ -22,6 +22,7 @@ from meshplan.codegen.fused import kernels_used, skipped, user_fusions
 from meshplan.frontend import trace
 from meshplan.runtime import fused as runtime_fused
 from meshplan.runtime.interpret import State
+from test_codegen_fuse import assert_trains_alike
 from test_codegen_run import _losses, _torchrun
 from test_kernels import interpret  # noqa: F401  the Triton interpreter, as a fixture
 
@@ -155,18 +156,12 @@ def test_fused_user_model_matches_eager_in_process(tmp_path, monkeypatch, build,
     calls = []
     monkeypatch.setattr(kernels, "swiglu_fwd", lambda *a, _f=kernels.swiglu_fwd: (calls.append(1), _f(*a))[1])
     x, y = (torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(i)) for i in (1, 2))
-    losses = []
-    for net in (eager, fused):
-        out = net(x)
+
+    def loss_fn(out, y: torch.Tensor) -> torch.Tensor:
         logits = out.logits if hasattr(out, "logits") else out
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-        loss.backward()
-        losses.append(loss.detach())
-    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-6)
-    grads = dict(fused.named_parameters())
-    assert grads.keys() == dict(eager.named_parameters()).keys()
-    for name, p in eager.named_parameters():
-        torch.testing.assert_close(grads[name].grad, p.grad, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    assert_trains_alike(eager, fused, x, y, loss_fn)
     assert len(calls) == 2
 
 
