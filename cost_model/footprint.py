@@ -49,7 +49,8 @@ ALLOCATOR_FRACTION = 0.10
 KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
-def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
+def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[str, float]:
+    """One layer's activation bytes for one micro-batch, by recompute kind ("none", "selective", "full")."""
     d, mesh = summary.dims, plan.mesh
     split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
     eager = software.eager_modules and software.attention == "flash" and not software.dropout
@@ -62,7 +63,14 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
         layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
                                                            dropout=software.drops_out(d.family),
                                                            selective_saves_matmuls=software.selective_saves_matmuls)
-    per = {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+    return {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
+
+
+def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
+    d, mesh = summary.dims, plan.mesh
+    eager = software.eager_modules and software.attention == "flash" and not software.dropout
+    stream_fp32 = eager and plan.dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software)
+    per = _per_layer(summary, plan, software)
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
     if layers.full:
@@ -92,7 +100,12 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
 
 
 def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense_params: float,
-                  software: Software) -> float:
+                  software: Software, layer_activations: float = 0.0) -> float:
+    """``layer_activations``: one layer's activation bytes for one micro-batch. FSDP2 makes a unit's
+    unsharded gradients during that unit's backward, as it frees the unit's activations (the head's while
+    the loss's buffers go, which are larger), and reduce-scatters them when it ends; so they add to the
+    peak only by what they exceed those activations by (a profile of the CPU runtime's ZeRO-3 step:
+    4.4 MB held beyond the activations at the peak, against a 4.2 MB fp32 unit)."""
     d, mesh, ab = summary.dims, plan.mesh, ACTIVATION_BYTES[plan.dtype]
     act = plan.micro_batch_size * plan.seq_len / mesh.cp * d.hidden * ab
     total = 0.0
@@ -110,16 +123,18 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         # parameters gathered after the first backward, until its reduce after the schedule
         total += dense_params * grad_b + (dense_params * param_b if plan.zero_stage == 3 else 0.0)
     if plan.zero_stage == 3:
-        total += bucket_params * (2 * param_b + grad_b)  # current + prefetched layer, unsharded grads
+        # current + prefetched layer, and the unsharded gradients of one
+        total += 2 * bucket_params * param_b + max(0.0, bucket_params * grad_b - layer_activations)
     elif plan.zero_stage == 2 and runs_fsdp(mesh, 2, software):
         # FSDP2 with reshard_after_forward=False: parameters sharded at rest (rank_memory), each unit's
         # gathered copy in the compute dtype held from its forward to its backward: all of them at the
         # start of backward
-        total += dense_params * param_b + bucket_params * grad_b
+        total += dense_params * param_b + max(0.0, bucket_params * grad_b - layer_activations)
     elif plan.zero_stage == 2:
         total += bucket_params * grad_b
     elif plan.zero_stage == 0 and runs_fsdp(mesh, 0, software):
-        total += dense_params * param_b + bucket_params * grad_b  # FSDP2's unsharded copy, held fwd -> bwd
+        # FSDP2's unsharded copy, held fwd -> bwd
+        total += dense_params * param_b + max(0.0, bucket_params * grad_b - layer_activations)
     elif software.ddp_accumulation_copy and plan.num_microbatches > 1 and runs_ddp(mesh, plan.zero_stage):
         # DDP's buckets beside the gradients accumulated under no_sync (the parameters' dtype: DDP reduces
         # what autocast's backward leaves in param.grad)
@@ -174,10 +189,13 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         # Megatron's gradient buffers take the reduce dtype: fp32 main_grad for a 16-bit model
         # (megatron/core/distributed/distributed_data_parallel.py groups parameters by (param_dtype, grad_dtype))
         states["grads"] *= 4.0 / STATE_BYTES[state_dtype][1]
+    layer = 0.0
     if activations is None:
         activations = _activations(summary, plan, layers, software)
+        if layers.none + layers.selective + layers.full:
+            layer = _per_layer(summary, plan, software)["none"]
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
-    buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software)
+    buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
     if plan.dtype == "float8" and plan.zero_stage < 3:
         # Transformer Engine caches each weight's FP8 copy (rowwise and, on Hopper, transposed: 2 bytes a
         # parameter) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)

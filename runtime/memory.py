@@ -15,6 +15,7 @@ its resident set tracks what it holds (``bench/memory_demo.py``).
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import json
 import platform
@@ -58,19 +59,61 @@ def _memory_events(prof) -> tuple[list[dict], list[dict]]:
     return memory, [e for e in events if e.get("ph") == "X"]
 
 
-def _live_bytes(memory: list[dict]) -> list[tuple[float, int]]:
+def _collective_windows(ops: list[dict]) -> list[tuple[float, float]]:
+    """The spans of time inside c10d collective ops (``c10d::_reduce_scatter_base_``...), overlapping
+    and nested ones merged, in time order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted((e["ts"], e["ts"] + e["dur"]) for e in ops if e.get("name", "").startswith("c10d::")):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _live_bytes(memory: list[dict], ops: list[dict] = ()) -> list[tuple[float, int]]:
     """(time, bytes live) after each event, counting only blocks allocated inside the profile: the
-    allocator's own running total is process-wide and drifts across profiles."""
-    live: dict[int, int] = {}
-    total, out = 0, []
+    allocator's own running total is process-wide and drifts across profiles.
+
+    The profiler records a free only on a thread it follows. Gloo runs each collective on a worker
+    thread, and the last reference to a collective's own buffers (the copy of the input that its
+    reduce-scatter all-reduces, ``ProcessGroupGloo::reduce_scatter_tensor_coalesced``) is often
+    dropped there, after the work's profiled part: that free is never recorded, and a replay that
+    trusted the record would count the block live for the rest of the profile (the next step's start
+    was seen holding 3-12 MB of such copies on the bench GPT, in some runs and not others). So a block
+    whose free is never recorded ends where the record proves it gone: at the end of the c10d
+    collective it was allocated in (a synchronous collective has dropped its buffers when it returns),
+    else when its address is handed out again; a block with neither stays live to the end."""
+    windows = _collective_windows(list(ops))
+    starts = [w[0] for w in windows]
+    open_: dict[int, list] = {}
+    blocks: list[list] = []  # [t_alloc, bytes, t_free or None]
     for e in memory:
-        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        addr, nbytes, ts = e["args"]["Addr"], e["args"]["Bytes"], e["ts"]
         if nbytes > 0:
-            live[addr] = nbytes
-            total += nbytes
-        elif addr in live:
-            total -= live.pop(addr)
-        out.append((e["ts"], total))
+            if addr in open_:
+                open_[addr].append(ts)  # unrecorded free; provisional end, refined below
+            block = [ts, nbytes, None]
+            open_[addr] = block
+            blocks.append(block)
+        elif addr in open_:
+            open_.pop(addr)[2] = ts
+    changes: list[tuple[float, int]] = []
+    for block in blocks:
+        t_alloc, nbytes, t_free, *reused = block
+        if t_free is None:
+            i = bisect.bisect_right(starts, t_alloc) - 1
+            if i >= 0 and windows[i][0] <= t_alloc <= windows[i][1]:
+                t_free = windows[i][1]
+            elif reused:
+                t_free = reused[0]
+        changes.append((t_alloc, nbytes))
+        if t_free is not None:
+            changes.append((t_free, -nbytes))
+    total, out = 0, []
+    for ts, delta in sorted(changes, key=lambda c: (c[0], c[1] > 0)):
+        total += delta
+        out.append((ts, total))
     return out
 
 
@@ -95,7 +138,7 @@ def measure_plan_memory(setup, step) -> dict[str, int]:
     memory, ops = _memory_events(prof)
     window = next(e for e in ops if e.get("name") == MEASURED)
     begin, end = window["ts"], window["ts"] + window["dur"]
-    series = _live_bytes(memory)
+    series = _live_bytes(memory, ops)
     resident = ([0] + [b for t, b in series if t < begin])[-1]
     peak = max([resident, *(b for t, b in series if begin <= t <= end)])
     return {"resident": resident, "in_step": peak - resident, "peak": peak}

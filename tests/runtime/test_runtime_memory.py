@@ -35,6 +35,28 @@ def test_resident_bytes_are_parameters_and_adam_state_counted_once() -> None:
     assert resident_bytes(model, opt) == 4 * n + 8 * n + step_bytes
 
 
+
+def _event(ts: float, addr: int, nbytes: int) -> dict:
+    return {"ts": ts, "args": {"Addr": addr, "Bytes": nbytes}}
+
+
+def test_a_free_the_profiler_did_not_see_ends_with_its_collective_or_the_reuse_of_its_address() -> None:
+    from meshplan.runtime.memory import _live_bytes
+
+    # a reduce-scatter from t=10 to t=20 (gloo copies its input: block 0x1, whose last reference gloo's
+    # worker thread drops, unrecorded); a block whose address is handed out again at t=40 (0x2); a
+    # block that really stays (0x3); one freed in plain sight (0x4)
+    ops = [{"name": "c10d::_reduce_scatter_base_", "ts": 10, "dur": 10}, {"name": "aten::mm", "ts": 25, "dur": 5}]
+    memory = [_event(1, 0x3, 100), _event(12, 0x1, 1000), _event(26, 0x2, 10), _event(27, 0x4, 5),
+              _event(28, 0x4, -5), _event(40, 0x2, 20), _event(50, 0x2, -20)]
+    series = dict(_live_bytes(memory, ops))
+    assert series[12] == 1100  # the copy is live inside its collective
+    assert series[20] == 100  # and gone when the collective returns
+    assert series[28] == 110  # 0x4 freed as recorded
+    assert series[40] == 120  # 0x2's first block ends when its address is reused by the second
+    assert series[50] == 100  # only the block that stays
+    assert _live_bytes(memory)[-1] == (50, 1100)  # with no op record the copy is counted live to the end
+
 MODEL = dict(family="gpt", layers=4, hidden=256, heads=8, vocab=4096, max_seq_len=128, name="gpt-mem")
 # (name, mesh, zero, sp, micro-batch, schedule, recompute): DDP with full recompute, ZeRO-3, a 1F1B
 # pipeline beside DP. On some runs gloo frees a start-up buffer only during or after the measured
