@@ -178,8 +178,10 @@ class Stage(nn.Module):
             root = _put(root, path, stand_in, owned)
         object.__setattr__(self, "_root", root)  # the model's forward runs on this copy (not a submodule)
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
-        if hasattr(model, INIT_ATTR):  # a meta-built model: how to fill what this stage holds
-            object.__setattr__(self, INIT_ATTR, getattr(model, INIT_ATTR))
+        # a meta-built model's init (how to fill what this stage holds), and the model's config
+        for attr in (INIT_ATTR, "config"):
+            if hasattr(model, attr):
+                object.__setattr__(self, attr, getattr(model, attr))
         self.first, self.last, self.embeds, self.projects = first, last, embeds, projects
         self.parts = (blocks, tuple(first_parts), tuple(last_parts))
         self.seq_factor, self.call_kwargs = seq_factor, dict(call_kwargs or {})
@@ -240,8 +242,10 @@ class LocalStages(nn.Module):
                 root = _put(root, path, stage.get_submodule(path), owned)
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
         object.__setattr__(self, "_stages", inner)
-        if hasattr(inner[0], INIT_ATTR):
-            object.__setattr__(self, INIT_ATTR, getattr(inner[0], INIT_ATTR))
+        # the model's own init, and its config (a transformers config: save_pretrained writes its config.json)
+        for attr in (INIT_ATTR, "config"):
+            if hasattr(inner[0], attr):
+                object.__setattr__(self, attr, getattr(inner[0], attr))
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "LocalStages":
         """``to_empty``/``to`` go through each stage: a stage FSDP2 shards re-points its sharded

@@ -2,8 +2,8 @@
 
 HF Llama cases: build the plan's model from other initial weights, shard it, ``load_pretrained`` the
 checkpoint transformers saved, write it back with ``save_pretrained`` (before any step), then take
-one step and report its loss and the clipped gradient norm. Zoo cases (pipeline runs on zoo models
-only): save under one plan, load under pp2 x dp2, report the full parameters. A checkpoint of another
+one step and report its loss and the clipped gradient norm. Zoo cases: save under one plan, load under
+another (pp2 x dp2, ep2), report the full parameters. A checkpoint of another
 size is refused on every rank, naming the first parameter."""
 from __future__ import annotations
 

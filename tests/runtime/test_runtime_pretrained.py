@@ -1,11 +1,11 @@
 """Pretrained weights and gradient clipping (4 gloo processes, one launch; ``pretrained_cases``).
 
-A tiny Hugging Face Llama that transformers saves here loads under dp2 x tp2 and under ZeRO-3 dp4
-(``load_pretrained``: DCP's HuggingFaceStorageReader, each rank reading its slices); its first loss
-equals transformers' own model loaded by ``from_pretrained`` on the same batch (fp32, 1e-4), and
-``save_pretrained`` writes back the same tensors, in a directory ``from_pretrained`` loads. Pipeline
-runs on zoo models only, so a zoo model saved under ZeRO-3 dp4 loads under pp2 x dp2 (and moe-tiny
-under ep2). Clipping by the global norm (SGD, so that a wrong norm shows in the parameters) matches
+A tiny Hugging Face Llama that transformers saves here loads under dp2 x tp2, ZeRO-3 dp4 and pp2 x dp2
+(``load_pretrained``: DCP's HuggingFaceStorageReader, each rank reading its slices, each pipeline stage
+its own layers); its first loss equals transformers' own model loaded by ``from_pretrained`` on the
+same batch (fp32, 1e-4), and ``save_pretrained`` writes back the same tensors, with the config, in a
+directory ``from_pretrained`` loads. A zoo model saved under ZeRO-3 dp4 loads under pp2 x dp2 (and
+moe-tiny under ep2). Clipping by the global norm (SGD, so that a wrong norm shows in the parameters) matches
 ``torch.nn.utils.clip_grad_norm_`` in one process under TP, FSDP, pipeline and expert parallelism.
 A checkpoint of another size is refused, naming the first parameter; through ``meshplan run`` bad
 ``--init-from`` input exits 2 with one line before torchrun starts."""
@@ -39,7 +39,9 @@ pytestmark = pytest.mark.slow
 HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()}
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")
 HF_CASES = {"dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
-            "zero3 dp4": dict(dp=4, tp=1, zero=3, micro_batch=2, num_microbatches=1)}
+            "zero3 dp4": dict(dp=4, tp=1, zero=3, micro_batch=2, num_microbatches=1),
+            # pipeline stages cut from HF's own modules, one decoder layer each: each stage loads its own tensors
+            "pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2)}
 ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict(pp=2, dp=2, nmb=2)),
              "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3))}
 
