@@ -5,6 +5,8 @@ size of 64, as GPT-OSS has 64 heads of 64 on 2880; GPT-2's Conv1D; Mixtral's gro
 zoo's."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -31,6 +33,7 @@ CONFIGS = {
 COUNTED = (OpKind.MATMUL, OpKind.ATTENTION, OpKind.MOE)
 
 
+@functools.cache  # each model is traced once for the file's tests, which only read the graph
 def _graph(name: str):
     if name.startswith("zoo"):
         with torch.device("meta"):
