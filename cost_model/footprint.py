@@ -104,8 +104,9 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
     """``layer_activations``: one layer's activation bytes for one micro-batch. FSDP2 makes a unit's
     unsharded gradients during that unit's backward, as it frees the unit's activations (the head's while
     the loss's buffers go, which are larger), and reduce-scatters them when it ends; so they add to the
-    peak only by what they exceed those activations by (a profile of the CPU runtime's ZeRO-3 step:
-    4.4 MB held beyond the activations at the peak, against a 4.2 MB fp32 unit)."""
+    peak only by what they exceed those activations by (bench/cpu_memory.py: the CPU runtime's ZeRO-3
+    step peaks 4.3 MB above DDP's, whose activations are the same (64.2 vs 59.9 MB in step), where
+    adding the whole unit's fp32 gradients beside FSDP2's gathered parameters would make it far more)."""
     d, mesh, ab = summary.dims, plan.mesh, ACTIVATION_BYTES[plan.dtype]
     act = plan.micro_batch_size * plan.seq_len / mesh.cp * d.hidden * ab
     total = 0.0
