@@ -49,12 +49,17 @@ ALLOCATOR_FRACTION = 0.10
 KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
+def _eager(plan: Plan, software: Software) -> tuple[bool, bool]:
+    """Whether the program runs eager modules (meshplan's runtime), and whether their residual stream is fp32."""
+    eager = software.eager_modules and software.attention == "flash" and not software.dropout
+    return eager, eager and plan.dtype != "float32" and not runs_fsdp(plan.mesh, plan.zero_stage, software)
+
+
 def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[str, float]:
     """One layer's activation bytes for one micro-batch, by recompute kind ("none", "selective", "full")."""
     d, mesh = summary.dims, plan.mesh
     split = 1 if replicated_sublayers(plan) else mesh.tp  # a sublayer kept whole: count the layer whole
-    eager = software.eager_modules and software.attention == "flash" and not software.dropout
-    stream_fp32 = eager and plan.dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software)
+    eager, stream_fp32 = _eager(plan, software)
     common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
                   cp=mesh.cp, dtype=plan.dtype)
     if eager:
@@ -66,11 +71,11 @@ def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[st
     return {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
 
 
-def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software) -> float:
+def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software,
+                 per: dict[str, float]) -> float:
+    """The rank's activation bytes; ``per``: ``_per_layer``'s bytes of one layer."""
     d, mesh = summary.dims, plan.mesh
-    eager = software.eager_modules and software.attention == "flash" and not software.dropout
-    stream_fp32 = eager and plan.dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software)
-    per = _per_layer(summary, plan, software)
+    eager, stream_fp32 = _eager(plan, software)
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
     if layers.full:
@@ -192,9 +197,10 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         states["grads"] *= 4.0 / STATE_BYTES[state_dtype][1]
     layer = 0.0
     if activations is None:
-        activations = _activations(summary, plan, layers, software)
+        per = _per_layer(summary, plan, software)
+        activations = _activations(summary, plan, layers, software, per)
         if layers.none + layers.selective + layers.full:
-            layer = _per_layer(summary, plan, software)["none"]
+            layer = per["none"]
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
     if plan.dtype == "float8" and plan.zero_stage < 3:

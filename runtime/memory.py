@@ -87,26 +87,22 @@ def _live_bytes(memory: list[dict], ops: list[dict] = ()) -> list[tuple[float, i
     windows = _collective_windows(list(ops))
     starts = [w[0] for w in windows]
     open_: dict[int, list] = {}
-    blocks: list[list] = []  # [t_alloc, bytes, t_free or None]
+    blocks: list[list] = []  # [allocated at, bytes, free recorded at, address handed out again at]
     for e in memory:
         addr, nbytes, ts = e["args"]["Addr"], e["args"]["Bytes"], e["ts"]
         if nbytes > 0:
             if addr in open_:
-                open_[addr].append(ts)  # unrecorded free; provisional end, refined below
-            block = [ts, nbytes, None]
-            open_[addr] = block
+                open_[addr][3] = ts  # freed unrecorded
+            open_[addr] = block = [ts, nbytes, None, None]
             blocks.append(block)
         elif addr in open_:
             open_.pop(addr)[2] = ts
     changes: list[tuple[float, int]] = []
-    for block in blocks:
-        t_alloc, nbytes, t_free, *reused = block
+    for t_alloc, nbytes, t_free, t_reused in blocks:
         if t_free is None:
             i = bisect.bisect_right(starts, t_alloc) - 1
-            if i >= 0 and windows[i][0] <= t_alloc <= windows[i][1]:
-                t_free = windows[i][1]
-            elif reused:
-                t_free = reused[0]
+            in_collective = i >= 0 and t_alloc <= windows[i][1]
+            t_free = windows[i][1] if in_collective else t_reused
         changes.append((t_alloc, nbytes))
         if t_free is not None:
             changes.append((t_free, -nbytes))

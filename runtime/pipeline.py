@@ -149,6 +149,14 @@ def _get(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
+def _carry_model_attrs(view: nn.Module, model: nn.Module) -> None:
+    """Give a module that stands for (part of) ``model`` the model's own init (``INIT_ATTR``) and config (a
+    transformers config: ``save_pretrained`` writes its config.json), where the model has them."""
+    for attr in (INIT_ATTR, "config"):
+        if hasattr(model, attr):
+            object.__setattr__(view, attr, getattr(model, attr))
+
+
 class Stage(nn.Module):
     """Blocks ``[first, last)`` of the model, run through the model's own forward (module docstring).
 
@@ -178,10 +186,7 @@ class Stage(nn.Module):
             root = _put(root, path, stand_in, owned)
         object.__setattr__(self, "_root", root)  # the model's forward runs on this copy (not a submodule)
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
-        # a meta-built model's init (how to fill what this stage holds), and the model's config
-        for attr in (INIT_ATTR, "config"):
-            if hasattr(model, attr):
-                object.__setattr__(self, attr, getattr(model, attr))
+        _carry_model_attrs(self, model)  # a meta-built model's init: how to fill what this stage holds
         self.first, self.last, self.embeds, self.projects = first, last, embeds, projects
         self.parts = (blocks, tuple(first_parts), tuple(last_parts))
         self.seq_factor, self.call_kwargs = seq_factor, dict(call_kwargs or {})
@@ -242,10 +247,7 @@ class LocalStages(nn.Module):
                 root = _put(root, path, stage.get_submodule(path), owned)
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
         object.__setattr__(self, "_stages", inner)
-        # the model's own init, and its config (a transformers config: save_pretrained writes its config.json)
-        for attr in (INIT_ATTR, "config"):
-            if hasattr(inner[0], attr):
-                object.__setattr__(self, attr, getattr(inner[0], attr))
+        _carry_model_attrs(self, inner[0])
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "LocalStages":
         """``to_empty``/``to`` go through each stage: a stage FSDP2 shards re-points its sharded
