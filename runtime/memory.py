@@ -71,7 +71,8 @@ def _collective_windows(ops: list[dict]) -> list[tuple[float, float]]:
     return merged
 
 
-def _live_bytes(memory: list[dict], ops: list[dict] = ()) -> list[tuple[float, int]]:
+def _live_bytes(memory: list[dict], ops: list[dict] = (),
+                maps: tuple[float, list[tuple[int, int]]] | None = None) -> list[tuple[float, int]]:
     """(time, bytes live) after each event, counting only blocks allocated inside the profile: the
     allocator's own running total is process-wide and drifts across profiles.
 
@@ -83,26 +84,33 @@ def _live_bytes(memory: list[dict], ops: list[dict] = ()) -> list[tuple[float, i
     was seen holding 3-12 MB of such copies on the bench GPT, in some runs and not others). So a block
     whose free is never recorded ends where the record proves it gone: at the end of the c10d
     collective it was allocated in (a synchronous collective has dropped its buffers when it returns),
-    else when its address is handed out again; a block with neither stays live to the end."""
+    else when the operating system shows it gone (``maps``: a time and the address ranges mapped
+    into the process then, see ``_mapped_ranges``), else when its address is handed out again; a
+    block with none of these stays live to the end."""
     windows = _collective_windows(list(ops))
     starts = [w[0] for w in windows]
     open_: dict[int, list] = {}
-    blocks: list[list] = []  # [allocated at, bytes, free recorded at, address handed out again at]
+    blocks: list[list] = []  # [address, allocated at, bytes, free recorded at, address handed out again at]
     for e in memory:
         addr, nbytes, ts = e["args"]["Addr"], e["args"]["Bytes"], e["ts"]
         if nbytes > 0:
             if addr in open_:
-                open_[addr][3] = ts  # freed unrecorded
-            open_[addr] = block = [ts, nbytes, None, None]
+                open_[addr][4] = ts  # freed unrecorded
+            open_[addr] = block = [addr, ts, nbytes, None, None]
             blocks.append(block)
         elif addr in open_:
-            open_.pop(addr)[2] = ts
+            open_.pop(addr)[3] = ts
     changes: list[tuple[float, int]] = []
-    for t_alloc, nbytes, t_free, t_reused in blocks:
+    for addr, t_alloc, nbytes, t_free, t_reused in blocks:
         if t_free is None:
             i = bisect.bisect_right(starts, t_alloc) - 1
             in_collective = i >= 0 and t_alloc <= windows[i][1]
-            t_free = windows[i][1] if in_collective else t_reused
+            if in_collective:
+                t_free = windows[i][1]
+            elif maps is not None and t_alloc < maps[0] and not _is_mapped(maps[1], addr):
+                t_free = maps[0] if t_reused is None else min(t_reused, maps[0])
+            else:
+                t_free = t_reused
         changes.append((t_alloc, nbytes))
         if t_free is not None:
             changes.append((t_free, -nbytes))
@@ -113,6 +121,28 @@ def _live_bytes(memory: list[dict], ops: list[dict] = ()) -> list[tuple[float, i
     return out
 
 
+def _mapped_ranges() -> list[tuple[int, int]] | None:
+    """The address ranges mapped into this process now, sorted (``/proc/self/maps``); None where there is none.
+
+    What it proves: glibc serves a large block (128 KiB, or up to 32 MiB once its threshold has grown)
+    with its own ``mmap`` and unmaps it on free, so a block whose address lies in no mapped range has
+    been freed, whichever thread freed it. This is how the replay sees DDP's 21 MB wrap-time broadcast
+    copy gone (``_broadcast_coalesced``'s flattened parameters, released by gloo's worker thread on
+    some runs and not others, unrecorded): one CI run under load counted it live through the measured
+    step (134.1 MB against 113.0 MB in every other run). A block from the heap stays mapped after its
+    free, so this rule can only end a block that is really gone, never one that is live."""
+    try:
+        text = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    return sorted((int(lo, 16), int(hi, 16)) for lo, hi in (line.split(maxsplit=1)[0].split("-") for line in text.splitlines()))
+
+
+def _is_mapped(ranges: list[tuple[int, int]], addr: int) -> bool:
+    i = bisect.bisect_right(ranges, (addr, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= addr < ranges[i][1]
+
+
 def step_allocated_peak(run_step) -> int:
     """The most bytes ``run_step()`` holds at once beyond what existed before it (blocks allocated
     before it and freed inside it are not subtracted, so this errs high)."""
@@ -120,6 +150,7 @@ def step_allocated_peak(run_step) -> int:
 
 
 MEASURED = "meshplan.measured_step"
+MAPS = "meshplan.mapped_ranges"
 
 
 def measure_plan_memory(setup, step) -> dict[str, int]:
@@ -129,12 +160,15 @@ def measure_plan_memory(setup, step) -> dict[str, int]:
     ``resident`` is what is live when the measured step starts, ``peak`` the most live during it."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         state = setup()
+        with record_function(MAPS):
+            ranges = _mapped_ranges()
         with record_function(MEASURED):
             step(state)
     memory, ops = _memory_events(prof)
     window = next(e for e in ops if e.get("name") == MEASURED)
     begin, end = window["ts"], window["ts"] + window["dur"]
-    series = _live_bytes(memory, ops)
+    maps_at = next(e["ts"] for e in ops if e.get("name") == MAPS)
+    series = _live_bytes(memory, ops, None if ranges is None else (maps_at, ranges))
     resident = ([0] + [b for t, b in series if t < begin])[-1]
     peak = max([resident, *(b for t, b in series if begin <= t <= end)])
     return {"resident": resident, "in_step": peak - resident, "peak": peak}

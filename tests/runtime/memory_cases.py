@@ -22,10 +22,10 @@ def measure(rank: int, world_size: int, plans: dict[str, dict], outdir: Path) ->
             torch.manual_seed(0)
             pm = apply(plan, zoo.build_from_config(plan.model))
             pm.step(*batch(0))
-            # start-up collectives done on every rank and their buffers collected before the measured step: one
-            # CI run under load saw a rank still hold DDP's 21 MB wrap-time broadcast copy (_sync_module_states)
-            # inside the measured step (ddp_full measured 134.1 MB, 113.0 MB in every run alone), which the cost
-            # model, pricing the steady step, leaves out
+            # start-up collectives done on every rank and their buffers collected before the measured step. This
+            # alone did not keep DDP's 21 MB wrap-time broadcast copy (_sync_module_states) out of a CI run's
+            # measured step (ddp_full 134.1 MB, 113.0 MB in every run alone): gloo's worker thread dropped it,
+            # unrecorded; the replay now ends such a block once /proc/self/maps shows it unmapped (runtime.memory)
             torch.distributed.barrier()
             gc.collect()
             return pm

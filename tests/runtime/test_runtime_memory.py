@@ -1,11 +1,13 @@
 """runtime.memory: the measurement that checks the cost model's memory prediction (bench/cpu_memory.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from meshplan import zoo
-from meshplan.runtime.memory import resident_bytes, step_allocated_peak
+from meshplan.runtime.memory import measure_plan_memory, resident_bytes, step_allocated_peak
 
 
 def test_in_step_peak_is_the_most_held_at_once() -> None:
@@ -56,6 +58,28 @@ def test_a_free_the_profiler_did_not_see_ends_with_its_collective_or_the_reuse_o
     assert series[40] == 120  # 0x2's first block ends when its address is reused by the second
     assert series[50] == 100  # only the block that stays
     assert _live_bytes(memory)[-1] == (50, 1100)  # with no op record the copy is counted live to the end
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps (Linux)")
+def test_a_block_another_thread_freed_is_not_counted_once_the_system_shows_it_unmapped() -> None:
+    import threading
+
+    def setup() -> list:
+        held = [torch.ones(2**24)]  # 64 MiB: above glibc's largest mmap threshold (32 MiB), so its own mapping
+        worker = threading.Thread(target=held.clear)  # the last reference dropped on a thread the profiler does not follow
+        worker.start()
+        worker.join()
+        return [torch.ones(2**18)]  # 1 MiB that stays
+
+    def step(state: list) -> None:
+        torch.ones(2**19).sum()  # 2 MiB for a moment
+
+    got = measure_plan_memory(setup, step)
+    assert got["resident"] < 2 * 2**20, got  # the 64 MiB block's free was never recorded, yet it is not counted
+    assert 3 * 2**20 <= got["peak"] < 4 * 2**20, got
+    memory_events = [{"ts": 1, "args": {"Addr": 0x10, "Bytes": 2**26}}]
+    from meshplan.runtime.memory import _live_bytes
+    assert _live_bytes(memory_events, [], (5, [(0x0, 0x1000)]))[-1] == (1, 2**26)  # still mapped: counted live
+
 
 MODEL = dict(family="gpt", layers=4, hidden=256, heads=8, vocab=4096, max_seq_len=128, name="gpt-mem")
 # (name, mesh, zero, sp, micro-batch, schedule, recompute): DDP with full recompute, ZeRO-3, a 1F1B
