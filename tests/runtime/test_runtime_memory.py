@@ -59,6 +59,7 @@ def test_a_free_the_profiler_did_not_see_ends_with_its_collective_or_the_reuse_o
     assert series[50] == 100  # only the block that stays
     assert _live_bytes(memory)[-1] == (50, 1100)  # with no op record the copy is counted live to the end
 
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps (Linux)")
 def test_a_block_another_thread_freed_is_not_counted_once_the_system_shows_it_unmapped() -> None:
     import threading
