@@ -26,7 +26,7 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bfloat16", "float16", "float32")
 MODEL_INTS = {"layers": (1, MAX_LAYERS), "hidden": (1, 2**20), "heads": (1, 2**14), "kv_heads": (0, 2**14),
               "ffn_hidden": (0, 2**22), "vocab": (1, 2**24), "max_seq_len": (1, MAX_SEQ), "experts": (0, 2**14),
-              "top_k": (0, 2**14)}
+              "top_k": (0, 2**14), "head_dim": (0, 2**14)}
 CONFIG_FIELDS = (*MODEL_INTS, "family", "name")  # a model config's fields (DESIGN.md: zoo.ModelConfig)
 PRESETS = tuple(p.stem for p in (Path(__file__).resolve().parents[1] / "cost_model" / "presets").glob("*.json"))
 PLACEMENT = re.compile(r"^(R|P|S\((\d)\))$")

@@ -153,7 +153,8 @@ class Run:
 def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
     """A graph the cost model can read: dimensions and the parameter total, no nodes."""
     dims = ir.ModelDims(family=cfg.family, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
-                        kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab)
+                        kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, experts=cfg.experts,
+                        top_k=cfg.top_k, head_dim=cfg.head_dim)
     return ir.Graph(nodes=(), params=(ir.Param(name="all", shape=(zoo.param_count(cfg),)),), blocks=(), dims=dims)
 
 
@@ -256,7 +257,7 @@ def build_run(row: dict[str, str]) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted."""
     source = _source(row)
     family = _cell(row, "family") or "gpt"
-    if family not in ("gpt", "llama"):
+    if family not in zoo.FAMILIES:
         return f"architecture not expressible by zoo.ModelConfig: {family}"
     gpu = row["gpu_type"].split()[0].split("-")[0]
     preset = HARDWARE.get(gpu + ("-40GB" if "40GB" in row["gpu_type"] else ""))
@@ -267,7 +268,7 @@ def build_run(row: dict[str, str]) -> Run | str:
                 else f"dtype {_cell(row, 'dtype')} has no counterpart in the cost model")
     dtype = DTYPES[_cell(row, "dtype")]
     tp, pp, dp = _int(row["tp"]), _int(row["pp"]), _int(row["dp"])
-    cp = _int(_cell(row, "cp"), 1)
+    cp, ep = _int(_cell(row, "cp"), 1), _int(_cell(row, "ep"), 1)
     if tp is None or pp is None or dp is None:
         return "parallel layout (tp, pp, dp) not published"
     gpus = int(row["gpus"])
@@ -286,7 +287,9 @@ def build_run(row: dict[str, str]) -> Run | str:
     s, layers = int(row["seq_len"]), int(row["layers"])
     cfg = zoo.ModelConfig(family=family, layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
                           kv_heads=_int(_cell(row, "kv_heads"), 0), ffn_hidden=_int(row["ffn_hidden"], 0),
-                          vocab=int(row["vocab"]), max_seq_len=s, name=row["model"])
+                          vocab=int(row["vocab"]), max_seq_len=s, name=row["model"],
+                          experts=_int(_cell(row, "moe_experts"), 0), top_k=_int(_cell(row, "moe_topk"), 0),
+                          head_dim=_int(_cell(row, "head_dim"), 0))
     recompute, sp = _recompute(row, source, tp)
     zero = _int(row["zero_stage"], 1 if source in MCORE_LIKE else 0)  # mcore: --overlap-param-gather needs the
     if batch % (mb * dp):                                                # distributed optimizer (ZeRO-1)
@@ -307,7 +310,7 @@ def build_run(row: dict[str, str]) -> Run | str:
     cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
     try:
         plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=batch, seq_len=s,
-                       mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp), zero_stage=zero, sequence_parallel=sp,
+                       mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
                        micro_batch_size=mb, num_microbatches=batch // (mb * dp),
                        schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
                        recompute=(recompute,) * layers, stages=stages, dtype=dtype)

@@ -37,7 +37,7 @@ MAX_TIME_LIMIT_S = 86400.0
 MODEL_LIMITS: dict[str, tuple[int, int]] = {
     "layers": (1, MAX_LAYERS), "hidden": (1, 2**20), "heads": (1, 2**14), "kv_heads": (0, 2**14),
     "ffn_hidden": (0, 2**22), "vocab": (1, 2**24), "max_seq_len": (1, MAX_SEQ_LEN), "experts": (0, 2**14),
-    "top_k": (0, 2**14)}
+    "top_k": (0, 2**14), "head_dim": (0, 2**14)}
 
 # why a bound sits where it does, for the messages of the bounds that are not far above every real size
 REASONS = {"layers": "the deepest transformer trained so far, DeepNet (2022), has 1,000 layers"}

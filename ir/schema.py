@@ -180,6 +180,7 @@ class ModelFields(_Strict):
     max_seq_len: _bounded_int(*MODEL_LIMITS["max_seq_len"]) | None = None
     experts: _bounded_int(*MODEL_LIMITS["experts"]) | None = None
     top_k: _bounded_int(*MODEL_LIMITS["top_k"]) | None = None
+    head_dim: _bounded_int(*MODEL_LIMITS["head_dim"]) | None = None
 
 
 class ZooSource(_Strict):

@@ -23,6 +23,9 @@ class ModelConfig:
     max_seq_len: int
     experts: int = 0
     top_k: int = 0
+    # attention head width; 0 means hidden // heads. Set where it is not: Qwen3's MoE models have heads of
+    # 128 on a hidden of 2048 (32 heads) or 4096 (64 heads), GPT-OSS 64 heads of 64 on 2880
+    head_dim: int = 0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -38,8 +41,11 @@ class ModelConfig:
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         _check_size("ffn_hidden", self.ffn_hidden, *MODEL_LIMITS["ffn_hidden"])
-        if self.hidden % self.heads:
-            raise UnknownModelError(f"model config: hidden({self.hidden}) must divide by heads({self.heads})")
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise UnknownModelError(f"model config: hidden({self.hidden}) must divide by heads({self.heads}), "
+                                        f"or give head_dim (the width of one attention head)")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.heads % self.kv_heads:
             raise UnknownModelError(f"model config: heads({self.heads}) must divide by kv_heads({self.kv_heads})")
         if self.family == "moe":
@@ -49,12 +55,11 @@ class ModelConfig:
         elif self.experts or self.top_k:
             raise UnknownModelError(f"model config: experts/top_k are only for family 'moe', not {self.family!r}")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v or k in ("experts", "top_k")}
+        """The fields as given: head_dim only where it is not hidden // heads."""
+        implied = self.hidden // self.heads if self.hidden % self.heads == 0 else 0
+        return {k: v for k, v in asdict(self).items()
+                if (v or k in ("experts", "top_k")) and not (k == "head_dim" and v == implied)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
@@ -121,9 +126,9 @@ def config(name: str, **overrides: Any) -> ModelConfig:
 def param_count(cfg: ModelConfig) -> int:
     """Parameters of the model ``build`` makes, counted without building it."""
     h, f, v = cfg.hidden, cfg.ffn_hidden, cfg.vocab
-    kv = cfg.kv_heads * cfg.head_dim
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     bias = cfg.family == "gpt"
-    attn = h * h * 2 + h * kv * 2 + (2 * h + 2 * kv if bias else 0)
+    attn = h * q * 2 + h * kv * 2 + (q + h + 2 * kv if bias else 0)
     if cfg.family == "gpt":
         mlp = 2 * h * f + (f + h)
         norms = 4 * h

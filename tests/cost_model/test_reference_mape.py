@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from meshplan import zoo
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "reference_runs.py"
 
 
@@ -95,13 +97,27 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     rows = _rows(bench)
     assert len(found) + len(skipped) == len(rows)
     known = ("parallel layout (tp, pp, dp) not published", "tp(", "no hardware preset for ",
-             "dtype nvfp4 has no counterpart", "precision not published", "architecture not expressible by zoo")
+             "dtype nvfp4 has no counterpart", "precision not published", "architecture not expressible by zoo",
+             "plan not expressible: ep(")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16)
     for line in skipped:
         reason = line.split(": ", 2)[2]
         assert reason.startswith(known), line
     # every new row reaches the cost model or names why not; the predicted new rows span the added sources
     assert {r.run.publication for r in found if r.run.publication not in ORIGINAL} == ADDED
     assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
+
+
+def test_a_moe_row_with_its_own_head_width_is_costed_as_published(results) -> None:
+    # Qwen3-30B-A3B: 128 experts of 768, top-8, heads of 128 on a hidden of 2048 with 32 heads (not 64 wide)
+    bench, found, _ = results
+    r = next(r for r in found if r.run.label.startswith("Qwen3_30B_a3B (GB200"))
+    cfg, plan = r.run.cfg, r.run.plan
+    assert (cfg.family, cfg.experts, cfg.top_k, cfg.head_dim, cfg.ffn_hidden) == ("moe", 128, 8, 128, 768)
+    assert plan.mesh.ep == 8 and plan.model["head_dim"] == 128
+    dims = bench.graph_of(cfg).dims
+    assert (dims.experts, dims.top_k, dims.head_dim) == (128, 8, 128)
+    # about 30.5B parameters (the model's name): with 64-wide heads the attention would be half as large
+    assert 30.0e9 < zoo.param_count(cfg) < 31.0e9
 
 
 def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:

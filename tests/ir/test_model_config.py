@@ -25,6 +25,8 @@ GOOD = {"family": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "m
     ({"family": ["gpt"]}, "family ['gpt'] is not one of"),
     ({"name": 7}, "name must be a string"),
     ({"experts": 2}, "experts/top_k are only for family 'moe'"),
+    ({"head_dim": -1}, "head_dim must be from 0 to 16384, got -1"),
+    ({"head_dim": 16.0}, "head_dim must be an integer from 0 to 16384, got 16.0 (float)"),
 ])
 def test_bad_model_configs_name_field_value_and_rule(edit, message) -> None:
     with pytest.raises(ir.UnknownModelError) as err:
@@ -42,3 +44,17 @@ def test_every_zoo_preset_is_within_the_limits() -> None:
 def test_limits_accept_the_largest_allowed_model() -> None:
     cfg = zoo.ModelConfig.from_dict({**GOOD, "layers": MODEL_LIMITS["layers"][1]})
     assert cfg.layers == 1024
+
+
+def test_head_dim_is_a_model_dimension_of_its_own() -> None:
+    # Qwen3's MoE models: heads of 128 on a hidden that is not heads x 128; hidden need not divide by heads then
+    for fam in ("gpt", "llama", "moe"):
+        base = zoo.config(f"{fam}-tiny").to_dict()
+        cfg = zoo.ModelConfig.from_dict({**base, "head_dim": 24, "heads": 3, "kv_heads": 3 if fam == "gpt" else 1})
+        model = zoo.build_from_config(cfg)
+        assert model.layers[0].attn.wq.out_features == 3 * 24 and model.layers[0].attn.wo.in_features == 3 * 24
+        assert sum(p.numel() for p in model.parameters()) == zoo.param_count(cfg)
+        assert zoo.ModelConfig.from_dict(cfg.to_dict()) == cfg
+    implied = zoo.config("llama-tiny")
+    assert implied.head_dim == 16 and "head_dim" not in implied.to_dict()  # plans of zoo models stay as they were
+    assert zoo.ModelConfig.from_dict({**implied.to_dict(), "head_dim": 16}).to_dict() == implied.to_dict()
