@@ -106,9 +106,10 @@ class LayerCost:
 def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], ...]:
     """(m, n, k, count) of every matmul ``(m, k) @ (k, n)`` of one layer on one GPU."""
     d, m, t = shape.dims, shape.tokens, shape.tp
-    h, f, hd = d.hidden, d.ffn_hidden, d.hidden // d.heads
+    h, f, hd = d.hidden, d.ffn_hidden, d.head_dim
+    q = q_width(d) / t  # heads * head_dim, which is not always h (Qwen3: 32 heads of 128 on 2048)
     kv = max(kv_width(d) / t, hd)  # kv heads are replicated when tp > kv_heads
-    mm = [(m, h / t, h, 1), (m, kv, h, 2), (m, h, h / t, 1)]  # wq; wk, wv; wo
+    mm = [(m, q, h, 1), (m, kv, h, 2), (m, h, q, 1)]  # wq; wk, wv; wo
     if d.family == "gpt":
         mm += [(m, f / t, h, 1), (m, h, f / t, 1)]  # fc1, fc2
     elif d.family == "llama":
@@ -125,7 +126,7 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     """(bytes moved, kernels) of the memory-bound ops of one layer's forward on one GPU."""
     d, m, t, ab = shape.dims, shape.tokens, shape.tp, ACTIVATION_BYTES[shape.dtype]
     whole = m * d.hidden * ab / (t if shape.sp else 1)  # an (m, h) tensor, sharded by SP only
-    attn = m * d.hidden * ab / t  # an (m, h) tensor inside the TP region
+    attn = m * q_width(d) * ab / t  # q or the attention output, inside the TP region
     kv = m * kv_width(d) * ab / t
     ffn = m * d.ffn_hidden * ab / t
     masks = whole / 2 if shape.software.drops_out(d.family) else 0.0  # two 1-byte dropout masks
@@ -241,7 +242,7 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
     if d.family == "moe" and ep > 1:
         routed = act * d.top_k
         ep_s, ep_b = 2 * collective_time("all-to-all", routed, ep, tp, cluster), 2 * bus_bytes("all-to-all", routed, ep)
-    kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.hidden // d.heads) * ab
+    kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.head_dim) * ab
     cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
     cp_fwd = max(0.0, cp_ag - core_fwd_s)

@@ -98,13 +98,13 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> floa
     partial sums of width h on every TP rank (attention and MLP output projections, k of them for
     MoE, with the router's E logits); with TP the collectives' outputs too: under SP the two gathered
     norm outputs (whole) and the two reduce-scatter outputs (/t), else the two all-reduce outputs."""
-    h, f = dims.hidden, dims.ffn_hidden
+    h, f, q = dims.hidden, dims.ffn_hidden, q_width(dims)
     if dims.family == "gpt":
-        sharded, row = 3.0 * h + f, 2.0 * h
+        sharded, row = q + 2.0 * kv_width(dims) + f, 2.0 * h  # the fused QKV: 3h where heads * head_dim = h
     elif dims.family == "moe":
-        sharded, row = h + 2.0 * kv_width(dims) + dims.top_k * 2.0 * f, h + dims.top_k * h + dims.experts
+        sharded, row = q + 2.0 * kv_width(dims) + dims.top_k * 2.0 * f, h + dims.top_k * h + dims.experts
     else:
-        sharded, row = h + 2.0 * kv_width(dims) + 2.0 * f, 2.0 * h
+        sharded, row = q + 2.0 * kv_width(dims) + 2.0 * f, 2.0 * h
     elems = h / (tp if sp else 1) + row + sharded / tp
     if tp > 1:
         elems += 2.0 * h + 2.0 * h / tp if sp else 2.0 * h

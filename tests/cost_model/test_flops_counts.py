@@ -32,3 +32,16 @@ def test_gqa_and_moe_count_what_a_token_multiplies() -> None:
     n = 80 * layer_matmul_params(llama) + 128256 * 8192
     palm = tokens * (6 * n + 12 * 80 * 64 * 128 * s)
     assert model_flops_per_step(llama, 4, s) == pytest.approx(palm, rel=1e-12)
+
+
+@pytest.mark.parametrize("family, extra", [("gpt", {}), ("llama", {}), ("moe", {"experts": 16, "top_k": 4})])
+def test_the_timed_matmuls_are_the_counted_ones_when_heads_are_not_hidden_wide(family, extra) -> None:
+    # Qwen3-30B-A3B's shape: 32 heads of 128 on a hidden size of 2048, so Q and the attention output are
+    # 4096 wide; the matmuls the step time is made of must multiply through the same weights as the FLOP count
+    from meshplan.cost_model.layer_cost import LayerShape, layer_matmuls
+
+    dims = ir.ModelDims(family=family, layers=2, hidden=2048, heads=32, kv_heads=4, ffn_hidden=768, vocab=1000,
+                     head_dim=128, **extra)
+    shape = LayerShape(dims=dims, micro_batch=2, seq_len=512)
+    timed = sum(2.0 * m * n * k * count for m, n, k, count in layer_matmuls(shape))
+    assert timed == pytest.approx(2.0 * shape.tokens * layer_matmul_params(dims), rel=1e-12)
