@@ -4,7 +4,9 @@ and leave-one-source-out.
     python bench/reference_runs.py [--csv FILE] [--breakdown]
 
 Each row becomes a graph of its zoo family (``family``: ``gpt``, the default, with biases and a plain FFN;
-``llama``, SwiGLU without biases; ``kv_heads`` for grouped-query attention; the cost model reads only
+``llama``, SwiGLU without biases; ``moe``, SwiGLU experts with ``moe_experts``, ``moe_topk`` and
+``ffn_hidden`` one expert's; ``kv_heads`` for grouped-query attention; ``head_dim`` where heads are not
+hidden / heads wide (Qwen3); ``ep`` experts over a subgroup of dp; the cost model reads only
 ``graph.dims`` and the parameter total), the plan the source published (tp, pp, dp, cp, vp, micro-batch (1
 when absent), recompute, ZeRO stage, ``dtype``: bf16 when empty, fp8 and mxfp8 as ``float8``), on the
 accelerator preset of its ``gpu_type`` (``HARDWARE``), and the software the source ran
@@ -28,10 +30,10 @@ counts it (REFERENCE.md sec. 0):
   compared as tokens/s per GPU.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
-or one whose axes do not multiply to the GPUs, an accelerator without a preset (GB300, B300, A100 40GB), a precision the
+or one whose axes do not multiply to the GPUs, an accelerator without a preset (B300), a precision the
 cost model has no dtype for (NVFP4) or that the source does not state, an architecture ``zoo.ModelConfig``
-cannot express (MoE with MLA or shared experts, head_dim != hidden/heads, sliding-window attention, hybrid
-Mamba). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
+cannot express (MoE with MLA or shared experts, sliding-window attention, hybrid Mamba), experts spread over
+more ranks than dp (Megatron's ep over tp x dp). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
 405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
 split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2).
