@@ -151,17 +151,15 @@ def _interpret(cwd: Path) -> dict[str, str]:
     ("llama-tiny", dict(fusions=("add_rmsnorm", "swiglu"))),
     ("gpt-tiny", dict(fusions=("add_layernorm", "bias_gelu"), zero_stage=3)),
 ], ids=["llama-add_rmsnorm-swiglu", "gpt-zero3-add_layernorm-bias_gelu"])
-def test_fused_script_and_runtime_train_like_the_unfused_script(tmp_path, model, kw) -> None:
+def test_fused_script_and_runtime_train_like_one_process(tmp_path, model, kw) -> None:
     plan = _plan(model, **kw)
     fused = plan.emit(tmp_path / "train_fused.py", fuse=True)
     assert fused.read_text().count(".__class__ = Fused") == len(kw["fusions"])  # every fusion applied
-    plain = plan.emit(tmp_path / "train_plain.py")
+    assert ".__class__ = Fused" not in plan.emit(tmp_path / "train_plain.py", fuse=False).read_text()
     fused_out = _torchrun([str(fused)], tmp_path, nproc=2, env=_interpret(tmp_path))
-    fused_losses = _losses(fused_out)
-    tol = dict(atol=1e-5, rtol=1e-5)
-    plain_losses = _losses(_torchrun([str(plain)], tmp_path, nproc=2, env=_interpret(tmp_path)))
-    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(plain_losses), **tol)
-    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(_reference(model)), **tol)
+    # the unfused program's losses are the one-process reference's (the emitted-script parity tests,
+    # test_codegen_run.py): the fused script is held to that reference directly
+    torch.testing.assert_close(torch.tensor(_losses(fused_out)), torch.tensor(_reference(model)), atol=1e-5, rtol=1e-5)
     plan_file = plan.save(tmp_path / "plan.json")
     from_runtime = _torchrun(["-m", "meshplan.runtime.train", str(plan_file), "--fuse"], tmp_path, nproc=2,
                              env=_interpret(tmp_path))
