@@ -3,6 +3,8 @@ returns a ``Plan`` that can be reported, saved, emitted as a program, or applied
 from __future__ import annotations
 
 import inspect
+import json
+import weakref
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -254,7 +256,7 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     ir.limits.check_sizes(global_batch=global_batch, seq_len=seq_len, world=cluster.world_size,
                           layers=1)  # ir/limits.py; a zoo config's layers are bounded by its own check
     module, source = model_and_source(model, model_kwargs)
-    graph = trace(module, batch=1, seq_len=min(seq_len, 64), example_inputs=example_inputs)
+    graph = _traced(module, source, seq_len=min(seq_len, 64), example_inputs=example_inputs)
     if not graph.dims.layers:
         if program.name != DEFAULT_SOFTWARE.name:
             raise ir.PlanError(f"--software {program.name}: the framework presets price transformer blocks and this "
@@ -287,6 +289,28 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     found = {"source": source, "structure": structure.to_dict() if structure is not None else {}}
     return tuple(as_api_plan(_with_fusions(replace(p, **found), fusions, graph, cluster))
                  for p in solver.solve(req, progress=progress))
+
+
+# The graph of each module planned so far, with what it was traced from: planning one model on several
+# clusters, or under several pins, traces it once. Weak keys: a module the caller drops is forgotten.
+_TRACED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, ir.Graph]] = weakref.WeakKeyDictionary()
+
+
+def _traced(module: torch.nn.Module, source: dict[str, Any], *, seq_len: int, example_inputs: Any) -> ir.Graph:
+    """``trace(module)``, or the graph traced before from this very module while its source (the zoo or
+    Hugging Face config), its submodules and its parameters' names, shapes and dtypes are as they were
+    then. A model given its own example inputs is always traced again."""
+    if example_inputs is not None:
+        return trace(module, batch=1, seq_len=seq_len, example_inputs=example_inputs)
+    key = (seq_len, json.dumps(source, sort_keys=True, default=str),
+           tuple((name, type(m)) for name, m in module.named_modules()),
+           tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters()))
+    seen = _TRACED.get(module)
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    graph = trace(module, batch=1, seq_len=seq_len)
+    _TRACED[module] = (key, graph)
+    return graph
 
 
 def _flops_note(graph: ir.Graph) -> tuple[str, ...]:

@@ -100,3 +100,28 @@ def test_estimate_takes_a_builder_and_records_its_source() -> None:
                               "kwargs": {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab_size": 128}}
     assert plan["structure"]["blocks"] == "transformer.h" and plan["model"]["layers"] == 4
     assert plan["mesh"]["tp"] == 2 and plan["prediction"]["step_time_s"] > 0
+
+
+def test_one_module_planned_again_is_traced_once_while_it_is_unchanged(monkeypatch) -> None:
+    import gc
+    import weakref
+
+    from meshplan import api, zoo
+
+    traced = []
+    real = api.trace
+    monkeypatch.setattr(api, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
+    with torch.device("meta"):
+        model = zoo.build_from_config(zoo.config("llama-tiny"))
+    first = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=64)
+    again = mp.autoparallelize(model, "h100-sxm:1x8", global_batch=8, seq_len=64, fixed={"tp": 2})  # other cluster, pins
+    assert len(traced) == 1 and again.mesh.tp == 2 and first.model == again.model
+    mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=32)  # traced at another length: traced again
+    assert len(traced) == 2
+    model.layers[3] = torch.nn.Identity()  # a changed module is traced again
+    mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=64)
+    assert len(traced) == 3
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # the cache does not keep a module alive

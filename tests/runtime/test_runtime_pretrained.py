@@ -12,6 +12,7 @@ A checkpoint of another size is refused, naming the first parameter; through ``m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import subprocess
 import sys
@@ -46,10 +47,16 @@ ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict
              "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3))}
 
 
-def _hf_plan(**fixed) -> mp.Plan:
+@functools.cache
+def _hf_model() -> torch.nn.Module:
+    """Built once on meta: each plan of it after the first reuses its trace (api._traced)."""
     with torch.device("meta"):
-        model = build(HF_LLAMA)
-    return mp.autoparallelize(model, "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, fixed={**PINS, **fixed})
+        return build(HF_LLAMA)
+
+
+def _hf_plan(**fixed) -> mp.Plan:
+    return mp.autoparallelize(_hf_model(), "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+                              fixed={**PINS, **fixed})
 
 
 def _zoo_plan(model: str, mesh: dict) -> str:

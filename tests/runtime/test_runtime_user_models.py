@@ -5,6 +5,8 @@ parameters within 1e-5, fp32, 3 AdamW steps)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 import re
 import socket
@@ -33,10 +35,16 @@ NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
 
+@functools.cache
+def _built(source: str) -> torch.nn.Module:
+    """One meta-built module per source: planning it again under other pins reuses its trace (api._traced)."""
+    with torch.device("meta"):
+        return build(json.loads(source))
+
+
 def _plan(model, **fixed) -> mp.Plan:
     if isinstance(model, dict):
-        with torch.device("meta"):
-            model = build(model)
+        model = _built(json.dumps(model, sort_keys=True))
     return mp.autoparallelize(model, "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, fixed={**PINS, **fixed})
 
 
