@@ -105,6 +105,13 @@ Fields:
   and ``runtime.loss`` runs torch's ``loss_parallel``), holding V/tp logits per token and exchanging
   one value per token three times (max, sum of exponentials, target logit); else the output layer
   gathers whole logits to every TP rank and each computes the full loss, holding V.
+* ``fused_cross_entropy``: the loss is one fused kernel over the 16-bit logits (FlashAttention's
+  ``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it work for bfloat16
+  and support in-place backward to save memory", csrc/xentropy/README.md in Dao-AILab/flash-attention):
+  it saves the logits in their own dtype and one float per token, and its backward writes one gradient of
+  the logits in that dtype (a new tensor unless ``inplace_backward``): 2 bytes a logit kept and 2
+  transient under bf16, where an upcast log-softmax keeps 4 and holds 8 more at its backward
+  (``memory.logits_bytes``).
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -149,6 +156,7 @@ class Software:
     selective_saves_matmuls: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -220,8 +228,12 @@ MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megat
 # Tri Dao's FlashAttention-1-era Triton kernel, default attn_impl triton) at FA1's rate. MPT's own modules
 # (llmfoundry/models/layers: one fused Wqkv, the flash kernel's q, k, v, output and statistics, LPLayerNorm in
 # bf16, GELU) keep what Korthikanti's count of fused modules does, not the zoo's eager tensors: not eager_modules.
+# The loss is FlashAttention's fused cross-entropy: ``ComposerMPTCausalLM`` defaults ``loss_fn`` to
+# ``fused_crossentropy`` (llmfoundry/models/mpt/modeling_mpt.py @b2a43a147 line 724, @5e85bd62d line 981), which
+# no benchmark yaml overrides (only mpt-small-cpu.yaml and testing.yaml set torch_crossentropy), and the gpu
+# extra installs its xentropy kernel (setup.py: xentropy-cuda-lib from flash-attention's csrc/xentropy).
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
-                                       zero_copy_buffers=False, eager_modules=False)
+                                       zero_copy_buffers=False, eager_modules=False, fused_cross_entropy=True)
 
 # The same program with Composer's FSDP mixed precision PURE (bf16 parameters gathered, gradients reduced in
 # bf16; the sharded parameters FSDP1 keeps stay fp32): llm-foundry's tables before b2a43a147 (the A100 40GB

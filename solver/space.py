@@ -21,8 +21,11 @@ Rules, so that every candidate is one the runtime can execute and the topology r
   ``torch.distributed.pipelining``) and no ZeRO-3 with zero bubble (FSDP2's resharding after
   forward loses the deferred weight gradients): ``ZERO1_WITH_PP``, ``ZERO3_WITH_ZB``.
 * ``micro_batch * num_microbatches * dp = global_batch``; micro-batches of at most
-  ``MAX_MICRO_BATCH`` sequences unless pinned (larger ones only add activation memory once the
-  matmuls are large enough to run at full efficiency).
+  ``MAX_MICRO_BATCH_TOKENS`` tokens per rank (one sequence at least) unless pinned. A GEMM of 64K rows
+  is 256 rows of the 256 x 128 output tiles the presets' ``matmul_tile_elems`` describe, so rounding it
+  to whole waves costs under 0.4%; a larger micro-batch saves only the fixed cost per kernel and adds
+  activation memory. (The bound was 8 sequences, which left out the plans llm-foundry runs small
+  models with at short sequences: MPT-125m at 512 tokens in micro-batches of 128, 64K tokens.)
 
 ``RUNTIME`` names what the runtime executes today; the search offers nothing else. ``tp_replicate``:
 inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's linears replicated
@@ -58,7 +61,7 @@ MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", 
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
-MAX_MICRO_BATCH = 8
+MAX_MICRO_BATCH_TOKENS = 65536
 MIN_CP_TOKENS = 1024
 VIRTUAL_STAGES = (2, 4)
 
@@ -246,7 +249,7 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
         for zero, sp, zg in product(zeros, sps, _zero_groups(mesh, domain, fixed, runtime)):
             if zg and zero < 2:
                 continue
-            for mb, n in _micro_batchings(global_batch // mesh["dp"], fixed):
+            for mb, n in _micro_batchings(global_batch // mesh["dp"], seq_len // mesh["cp"], fixed):
                 for schedule, vp in _schedules(mesh["pp"], dims.layers, n, fixed, runtime):
                     if zero == 3 and schedule == Schedule.ZERO_BUBBLE and ZERO3_WITH_ZB not in runtime:
                         continue
@@ -267,11 +270,13 @@ def _zero_groups(mesh: dict[str, int], domain: int, fixed: dict[str, Any], runti
     return tuple(z for z in out if fixed.get("zero_group", z) == z)
 
 
-def _micro_batchings(per_rank: int, fixed: dict[str, Any]) -> list[tuple[int, int]]:
+def _micro_batchings(per_rank: int, tokens_per_sequence: int, fixed: dict[str, Any]) -> list[tuple[int, int]]:
+    """(micro-batch, count) pairs for ``per_rank`` sequences of ``tokens_per_sequence`` tokens on a rank."""
     out = []
     for mb in divisors(per_rank):
         n = per_rank // mb
-        if not {"micro_batch", "num_microbatches"} & set(fixed) and (mb > MAX_MICRO_BATCH or n > MAX_MICROBATCHES):
+        too_large = mb > 1 and mb * tokens_per_sequence > MAX_MICRO_BATCH_TOKENS
+        if not {"micro_batch", "num_microbatches"} & set(fixed) and (too_large or n > MAX_MICROBATCHES):
             continue
         if fixed.get("micro_batch", mb) == mb and fixed.get("num_microbatches", n) == n:
             out.append((mb, n))

@@ -367,3 +367,25 @@ def test_fp8_keeps_gemm_inputs_in_one_byte() -> None:
     assert r16 - r8 == 2.0 and s8 - s16 == pytest.approx((4096 - 14336) / 4096) and c8 == c16
     kw = dict(seq_len=4096, micro_batch=1, tp=4, sp=True)
     assert layer_activation_bytes(llama, dtype="float8", **kw) < layer_activation_bytes(llama, **kw)
+
+
+def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_no_fp32_copy(make_graph, make_plan, make_gpt) -> None:
+    """llm-foundry's loss is FlashAttention's fused kernel: 2 bytes a logit kept and 2 for their gradient,
+    where the upcast log-softmax keeps 4 and holds 8 more at its backward. The difference is exactly
+    the vocabulary-wide tensors of one micro-batch; the states do not move, and the buffers only by the
+    caching allocator's share of the difference."""
+    from meshplan.cost_model.footprint import ALLOCATOR_FRACTION
+
+    cfg = make_gpt(2, 256, 8, vocab=32768, seq=512)
+    cluster = Cluster.preset("h100-sxm", nodes=1)
+    plan = make_plan(cfg, cluster, global_batch=32, seq_len=512, dp=8, zero=3)
+    foundry = software_named("llm-foundry-2023")
+    assert foundry.fused_cross_entropy and not DEFAULT_SOFTWARE.fused_cross_entropy
+    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", fused_cross_entropy=False)
+    fused_mem = estimate(make_graph(cfg), cluster, plan, software=foundry).memory_bytes
+    upcast_mem = estimate(make_graph(cfg), cluster, plan, software=upcast).memory_bytes
+    logits = plan.micro_batch_size * 512 * 32768
+    assert upcast_mem["activations"] - fused_mem["activations"] == pytest.approx(logits * ((4 + 8) - (2 + 2)))
+    assert all(fused_mem[k] == upcast_mem[k] for k in ("params", "grads", "optimizer"))
+    assert upcast_mem["buffers"] - fused_mem["buffers"] == pytest.approx(
+        ALLOCATOR_FRACTION * logits * ((4 + 8) - (2 + 2)))
