@@ -34,7 +34,7 @@ def _pin_args(p: argparse.ArgumentParser) -> None:
     for name in ("tp", "dp", "pp", "cp", "ep", "vp", "zero", "micro-batch", "num-microbatches"):
         g.add_argument(f"--{name}", type=int)
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
-    g.add_argument("--recompute", choices=("none", "selective", "full"))
+    g.add_argument("--recompute", choices=("none", "selective", "full", "offload"))
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"))
 
 

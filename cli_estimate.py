@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "a group may span nodes (FSDP2's shard degree; default 0: shard over all of dp)")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                    help="sequence parallelism (default: on when tp > 1)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--recompute", choices=("none", "selective", "full", "offload"), default="none")
     g.add_argument("--schedule", choices=[str(s) for s in ir.Schedule],
                    help="default: interleaved-1f1b when vp > 1, else 1f1b")
     g.add_argument("--stages", help="layers per pipeline chunk, comma-separated (default: even)")

@@ -22,7 +22,7 @@ PLAN_FIELDS = {"schema", "model", "cluster", "global_batch", "seq_len", "mesh", 
                "sequence_parallel", "micro_batch_size", "num_microbatches", "schedule", "vp", "recompute", "stages",
                "param_layouts", "fusions", "dtype", "software", "source", "structure", "prediction", "solver"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "offload")
 DTYPES = ("bfloat16", "float16", "float32")
 MODEL_INTS = {"layers": (1, MAX_LAYERS), "hidden": (1, 2**20), "heads": (1, 2**14), "kv_heads": (0, 2**14),
               "ffn_hidden": (0, 2**22), "vocab": (1, 2**24), "max_seq_len": (1, MAX_SEQ), "experts": (0, 2**14),

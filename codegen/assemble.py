@@ -22,7 +22,7 @@ def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str
     if fused.kernels_used(program):
         stdlib.append("sys")
     lines = [f"import {m}" for m in sorted(stdlib)] + ["", "import torch", "import torch.distributed as dist"]
-    if any(isinstance(s, Recompute) for s in program.steps):
+    if any(isinstance(s, Recompute) and s.policy != Policy.OFFLOAD for s in program.steps):
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, "
                      "checkpoint_wrapper")
     mesh_names = "DeviceMesh, init_device_mesh" if ExpertMesh in kinds else "init_device_mesh"
@@ -40,6 +40,8 @@ def imports(program: Program, kernels_module: str = "fused_kernels") -> list[str
         lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
     lines += model_source.imports(program)  # what builds the model: the zoo, transformers or the user's builder
     lines += options.imports(program)  # --clip-grad, --compile, --init-from: the runtime's own functions
+    if any(isinstance(s, Recompute) and s.policy == Policy.OFFLOAD for s in program.steps):
+        lines.append("from meshplan.runtime.offload import offload_activations")  # torch's save_on_cpu, less params
     if ExpertParallel in kinds:  # PyTorch has no ready-made MoE dispatch (all_to_all_single of token slots)
         lines.append("from meshplan.runtime.expert import shard_experts")
     lines += context_imports(program)  # all-gather attention: torch's context_parallel has no CPU kernel rule

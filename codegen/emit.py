@@ -74,6 +74,8 @@ def _tp_lines(step: TensorParallel, target: str) -> tuple[str, list[str]]:
 
 
 def _recompute_lines(step: Recompute, target: str) -> tuple[str, list[str]]:
+    if step.policy == Policy.OFFLOAD:
+        return "parallelize", [f"offload_activations({target})"]
     extra = ", context_fn=selective_context" if step.policy == Policy.SELECTIVE else ""
     return "parallelize", [f"{target} = checkpoint_wrapper(",
                            f"{INDENT}{target}, checkpoint_impl=CheckpointImpl.NO_REENTRANT{extra})"]
@@ -140,6 +142,8 @@ def _comment(step: Step) -> str:
     if isinstance(step, Recompute):
         if step.policy == Policy.FULL:
             return "# activation checkpointing: recompute the whole block in backward, keep only its input"
+        if step.policy == Policy.OFFLOAD:
+            return "# activation offloading: what the block saves for its backward waits in pinned host memory"
         return "# selective activation checkpointing: recompute the attention core, keep the projections"
     if isinstance(step, FullyShard):
         if step.module == "":

@@ -190,7 +190,8 @@ def replicated_sublayers(plan: Plan, cfg: dict[str, Any], layer: int) -> frozens
 
 def _recompute(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
     """"full" wraps the block; "selective" wraps its attention module with a policy that keeps the
-    projection outputs and recomputes the attention core (see program.SELECTIVE_SAVE_OPS)."""
+    projection outputs and recomputes the attention core (see program.SELECTIVE_SAVE_OPS); "offload" keeps
+    what the block saves in host memory."""
     s = cfg["structure"]
     steps: list[Step] = []
     for i, choice in enumerate(plan.recompute[:cfg["layers"]]):
@@ -198,6 +199,8 @@ def _recompute(plan: Plan, cfg: dict[str, Any]) -> list[Step]:
             steps.append(Recompute(module=s.block_path(i), policy=Policy.FULL))
         elif choice == RecomputeChoice.SELECTIVE:
             steps.append(Recompute(module=f"{s.block_path(i)}.{s.attn}", policy=Policy.SELECTIVE))
+        elif choice == RecomputeChoice.OFFLOAD:
+            steps.append(Recompute(module=s.block_path(i), policy=Policy.OFFLOAD))
     return steps
 
 

@@ -112,6 +112,7 @@ class TensorParallel:
 class Policy(StrEnum):
     FULL = "full"  # recompute the whole module in backward, keep only its input
     SELECTIVE = "selective"  # keep the matmul outputs, recompute the rest (the attention core)
+    OFFLOAD = "offload"  # recompute nothing: keep what the module saves in host memory (runtime/offload.py)
 
 
 # Ops whose outputs selective recompute keeps: the projections (cheap to store, costly to redo) and
@@ -129,7 +130,8 @@ SELECTIVE_SAVE_OPS = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recompute:
-    """Activation checkpointing of one module (non-reentrant ``checkpoint_wrapper``)."""
+    """Activation checkpointing of one module (non-reentrant ``checkpoint_wrapper``), or with ``Policy.OFFLOAD``
+    its saved activations kept in host memory (``runtime.offload.offload_activations``, no wrapper)."""
 
     module: str
     policy: Policy

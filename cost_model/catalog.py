@@ -17,6 +17,8 @@ measurement) or, for a placeholder, that it is one. The keys::
                       reserved_bytes, memory_bw_Bps, memory_efficiency, attention_efficiency,
                       kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``), and
                       optionally attention_by_seq_len ([[sequence length, efficiency], ...], published)
+                      and host_link_Bps (bytes/s each way between a GPU and host memory: what
+                      offloaded activations cross; absent or 0: activations are never offloaded)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
                       domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
                       step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
@@ -62,7 +64,8 @@ _ACCEL_COUNTS = ("compute_units", "matmul_tile_elems")
 _KEYS = {
     "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
                 "tiers"),
-    "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len"),
+    "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
+                    "host_link_Bps"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -204,6 +207,8 @@ def _accelerator(data: Any, where: str) -> Accelerator:
     extra = {}
     if "attention_by_seq_len" in data:
         extra["attention_by_seq_len"] = _pairs(data["attention_by_seq_len"], f"{where}.attention_by_seq_len")
+    if "host_link_Bps" in data:
+        extra["host_link_Bps"] = _real(data["host_link_Bps"], f"{where}.host_link_Bps")
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
 
 

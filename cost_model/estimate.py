@@ -42,7 +42,7 @@ from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankPar
 from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles,
                        single_tensor_adamw_excess_s)
 from .flops import attention_core_flops, layer_forward_flops, model_flops_per_step
-from .footprint import peak_memory
+from .footprint import offloaded_layer_bytes, peak_memory
 from .hardware import Cluster
 from .kernels import transcendental_excess_s
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
@@ -115,6 +115,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     comm = n * (layer.fwd_comm_s + layer.bwd_comm_s) + layers.full * layer.fwd_comm_s
     moved = {k: n * (layer.comm_bytes_fwd[k] + layer.comm_bytes_bwd[k]) + layers.full * layer.comm_bytes_fwd[k]
              for k in ("tp", "cp", "ep")}
+    comm += _offload_s(layers, layer, summary, cluster, plan, software)
     if edge is not None:
         fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
         moved["tp"] += edge.comm_bytes_fwd["tp"]
@@ -141,6 +142,20 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
     return RankTime(compute_s=fwd + bwd + dp.compute_per_microbatch_s, comm_s=comm + dp.per_microbatch_s,
                     optimizer_s=opt + dp.compute_per_step_s, dp=dp,
                     tp_cp_ep_bytes=moved)
+
+
+def _offload_s(layers: RankLayers, layer: LayerCost, summary: ModelSummary, cluster: Cluster, plan: Plan,
+               software: Software) -> float:
+    """Exposed seconds per micro-batch of copying the offloaded layers' activations to host memory in the
+    forward and back in the backward over the GPU's host link (``Accelerator.host_link_Bps``): hidden
+    under each layer's compute where the program copies on streams of its own
+    (``Software.offload_overlap``), else the copies' whole time."""
+    if not layers.offload:
+        return 0.0
+    copy_s = offloaded_layer_bytes(summary, plan, software) / cluster.accelerator.host_link_Bps
+    if software.offload_overlap:
+        return layers.offload * (max(0.0, copy_s - layer.fwd_compute_s) + max(0.0, copy_s - layer.bwd_compute_s))
+    return layers.offload * 2.0 * copy_s
 
 
 def _accumulation_s(params: RankParams, cluster: Cluster, plan: Plan, software: Software) -> float:
@@ -176,7 +191,7 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
     seen: dict[tuple, RankTime] = {}
     out = []
     for r in ranks:
-        key = (r.none, r.selective, r.full, r.first, r.last)
+        key = (r.none, r.selective, r.full, r.offload, r.first, r.last)
         if key not in seen:
             edge = edge_cost(shape, cluster, first=r.first, last=r.last) if (r.first or r.last) else None
             seen[key] = _rank_time(r, layer, edge, summary, cluster, plan, software)
@@ -240,7 +255,7 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
                        ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype, software=software,
                        fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
-    ranks = rank_layers(plan, dims.layers)
+    ranks = _ranks(plan, dims.layers, cluster)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
     time_s = _step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan))
@@ -279,4 +294,13 @@ def memory_breakdown(graph: Graph, cluster: Cluster, plan: Plan, *,
     """Bytes of the most loaded GPU by kind: params, grads, optimizer, activations, buffers."""
     summary = summary_of(graph)
     check_plan(summary.dims, cluster, plan)
-    return peak_memory(summary, plan, rank_layers(plan, summary.dims.layers), software)
+    return peak_memory(summary, plan, _ranks(plan, summary.dims.layers, cluster), software)
+
+
+def _ranks(plan: Plan, layers: int, cluster: Cluster) -> tuple[RankLayers, ...]:
+    """``rank_layers``; without a host link (a CPU rank, whose activations are in host memory already)
+    offloading moves nothing and frees nothing, so an offloaded layer keeps what it would keep."""
+    ranks = rank_layers(plan, layers)
+    if cluster.accelerator.host_link_Bps > 0:
+        return ranks
+    return tuple(replace(r, none=r.none + r.offload, offload=0) for r in ranks)

@@ -71,6 +71,11 @@ def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[st
     return {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
 
 
+def offloaded_layer_bytes(summary: ModelSummary, plan: Plan, software: Software) -> float:
+    """Bytes one offloaded layer sends to host memory per micro-batch, and takes back: what it would keep."""
+    return _per_layer(summary, plan, software)["none"]
+
+
 def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software: Software,
                  per: dict[str, float]) -> float:
     """The rank's activation bytes; ``per``: ``_per_layer``'s bytes of one layer."""
@@ -78,7 +83,9 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
     eager, stream_fp32 = _eager(plan, software)
     inflight = inflight_microbatches(plan.schedule, mesh.pp, plan.vp, plan.num_microbatches, layers.rank)
     total = inflight * (layers.none * per["none"] + layers.selective * per["selective"] + layers.full * per["full"])
-    if layers.full:
+    if layers.offload:  # an offloaded layer keeps nothing on the GPU but the layer whose copy is under way
+        total += per["none"]  # (out in the forward, back ahead of its backward: one at a time, double-buffered)
+    elif layers.full:
         total += per["none"] - per["full"]  # the layer being rematerialized in the backward
     elif layers.selective:
         total += per["none"] - per["selective"]
@@ -200,7 +207,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     if activations is None:
         per = _per_layer(summary, plan, software)
         activations = _activations(summary, plan, layers, software, per)
-        if layers.none + layers.selective + layers.full:
+        if layers.layers:
             layer = per["none"]
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
@@ -220,5 +227,5 @@ def peak_memory(summary: ModelSummary, plan: Plan, ranks: tuple[RankLayers, ...]
     flight, which never grow with the rank, so the first rank of each kind is the one to check."""
     firsts: dict[tuple, RankLayers] = {}
     for r in ranks:
-        firsts.setdefault((r.none, r.selective, r.full, r.first, r.last), r)
+        firsts.setdefault((r.none, r.selective, r.full, r.offload, r.first, r.last), r)
     return max((rank_memory(summary, plan, r, software) for r in firsts.values()), key=lambda m: sum(m.values()))

@@ -122,6 +122,9 @@ class Accelerator:
     # published (sequence length, efficiency) of the fused attention, forward + backward, causal (GPU presets:
     # the kernel's tiles fill the SMs better as the sequence grows); empty: attention_efficiency at every length
     attention_by_seq_len: tuple[tuple[float, float], ...] = ()
+    # bytes per second, each direction, between one GPU and host memory (PCIe, NVLink-C2C): what offloaded
+    # activations cross; 0: none (a CPU rank's activations are already in host memory)
+    host_link_Bps: float = 0.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +168,9 @@ class Accelerator:
                 raise InvalidClusterError(f"{who}: attention_by_head_dim needs (head_dim > 0, efficiency in (0, 1], "
                                           f"backward ratio > 0), got ({head_dim!r}, {eff!r}, {bwd_ratio!r})")
         object.__setattr__(self, "attention_by_seq_len", tuple(tuple(r) for r in self.attention_by_seq_len))
+        if not (math.isfinite(self.host_link_Bps) and self.host_link_Bps >= 0):
+            raise InvalidClusterError(f"{who}: host_link_Bps must be a finite number >= 0 (0: no host link), "
+                                      f"got {self.host_link_Bps!r}")
         lengths = [r[0] for r in self.attention_by_seq_len]
         if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1) for n, e in self.attention_by_seq_len):
             raise InvalidClusterError(f"{who}: attention_by_seq_len needs (sequence length > 0, increasing; "

@@ -47,12 +47,13 @@ class RankLayers:
     none: int = 0
     selective: int = 0
     full: int = 0
+    offload: int = 0  # layers whose saved activations go to host memory (``Recompute.OFFLOAD``)
     first: bool = False  # holds the embedding
     last: bool = False  # holds the output layer and loss
 
     @property
     def layers(self) -> int:
-        return self.none + self.selective + self.full
+        return self.none + self.selective + self.full + self.offload
 
 
 def rank_layers(plan: Plan, layers: int) -> tuple[RankLayers, ...]:
@@ -62,16 +63,17 @@ def rank_layers(plan: Plan, layers: int) -> tuple[RankLayers, ...]:
 
 @lru_cache(maxsize=4096)
 def _rank_layers(pp: int, stages: tuple[tuple[int, int], ...], recompute: tuple[str, ...]) -> tuple[RankLayers, ...]:
-    counts = [[0, 0, 0] for _ in range(pp)]
+    counts = [[0, 0, 0, 0] for _ in range(pp)]
     for chunk, (first, last) in enumerate(stages):
         row, part = counts[chunk % pp], recompute[first:last]
-        selective, full = part.count("selective"), part.count("full")
-        row[0] += len(part) - selective - full
+        selective, full, offload = part.count("selective"), part.count("full"), part.count("offload")
+        row[0] += len(part) - selective - full - offload
         row[1] += selective
         row[2] += full
+        row[3] += offload
     last_rank = (len(stages) - 1) % pp
-    return tuple(RankLayers(rank=r, none=c[0], selective=c[1], full=c[2], first=r == 0, last=r == last_rank)
-                 for r, c in enumerate(counts))
+    return tuple(RankLayers(rank=r, none=c[0], selective=c[1], full=c[2], offload=c[3], first=r == 0,
+                            last=r == last_rank) for r, c in enumerate(counts))
 
 
 def bubble_s(schedule: Schedule, vp: int, microbatch_s: Sequence[float]) -> float:

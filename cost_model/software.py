@@ -105,6 +105,13 @@ Fields:
   and ``runtime.loss`` runs torch's ``loss_parallel``), holding V/tp logits per token and exchanging
   one value per token three times (max, sum of exponentials, target logit); else the output layer
   gathers whole logits to every TP rank and each computes the full loss, holding V.
+* ``offload_overlap``: activations offloaded to host memory (``Recompute.OFFLOAD``) are copied on streams of
+  their own while the layers compute: Megatron-Core's ``--cpu-offloading`` runs Transformer Engine's
+  ``AsyncDoubleBufferGroupOffloadHandler`` (transformer_engine/pytorch/cpu_offload.py: "D2h and h2d copying
+  are completely hidden behind computation if computation time of a layer is longer than host-device
+  communication time"), so a layer's copy costs only what exceeds its compute. Else the copies run in
+  order on the compute stream and cost their whole time: meshplan's runtime offloads with PyTorch's
+  ``torch.autograd.graph.save_on_cpu``, whose pack is a blocking ``copy_`` into pinned memory.
 * ``fused_cross_entropy``: the loss is one fused kernel over the 16-bit logits (FlashAttention's
   ``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it work for bfloat16
   and support in-place backward to save memory", csrc/xentropy/README.md in Dao-AILab/flash-attention):
@@ -157,6 +164,7 @@ class Software:
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
     fused_cross_entropy: bool = False
+    offload_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -210,7 +218,7 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 # bf16 gradients reduced in fp32 (forced for bf16 in the same file).
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
-                              fp32_grad_reduce=True, search_space="megatron")
+                              fp32_grad_reduce=True, search_space="megatron", offload_overlap=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

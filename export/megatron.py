@@ -11,7 +11,9 @@ last pipeline stages are ``--decoder-first/last-pipeline-num-layers`` (the middl
 layouts ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between
 chunks, chunk ``i`` on pipeline rank ``i % pp``, as in meshplan). Recompute: selective is Megatron's
 selective (the attention core, Korthikanti et al. 2022); full on the first n layers of every chunk is
-``--recompute-method block --recompute-num-layers n``; full on all layers is ``uniform 1``.
+``--recompute-method block --recompute-num-layers n``; full on all layers is ``uniform 1``. Offloading
+the first n layers' activations is ``--cpu-offloading-num-layers n`` (without pipelining or recomputation,
+as TransformerConfig requires).
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--use-torch-fsdp2": ("use_torch_fsdp2", "true", ()),
     "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", "true", ()),
     "--recompute-granularity": ("recompute_granularity", "str", ("full", "selective")),
+    # TransformerConfig's cpu_offloading_num_layers, made a flag by ArgumentGroupFactory; > 0 turns on
+    # cpu_offloading (megatron/training/arguments.py), activations only by default
+    "--cpu-offloading-num-layers": ("cpu_offloading_num_layers", "int", ()),
     "--recompute-method": ("recompute_method", "str", ("uniform", "block")),
     "--recompute-num-layers": ("recompute_num_layers", "int", ()),
     "--bf16": ("bf16", "true", ()),
@@ -77,6 +82,17 @@ def unsupported(plan: Plan) -> list[str]:
     if plan.zero_group and plan.zero_stage == 3:
         missing.append(f"HSDP zero_group={plan.zero_group} with ZeRO-3 (distributed-optimizer instances are "
                        "ZeRO-1/2)")
+    offloaded = plan.recompute.count(Recompute.OFFLOAD)
+    if offloaded:  # TransformerConfig.__post_init__'s rules for cpu_offloading (megatron/core/transformer)
+        if m.pp > 1:
+            missing.append("activation offloading under pipeline parallelism (\"no support for Pipeline "
+                           "parallelism with CPU offloading\")")
+        if recompute_kinds(plan) & {Recompute.SELECTIVE, Recompute.FULL}:
+            missing.append("activation offloading beside recomputation (\"CPU offloading does not work when "
+                           "activation recomputation is enabled\")")
+        if set(plan.recompute[:offloaded]) != {Recompute.OFFLOAD} or offloaded >= plan.layers:
+            missing.append("offloading other than the first n layers, n below the layer count "
+                           "(--cpu-offloading-num-layers)")
     if recompute_kinds(plan) >= {Recompute.SELECTIVE, Recompute.FULL}:
         missing.append("selective and full recomputation in one model (--recompute-granularity is one value)")
     elif Recompute.FULL in plan.recompute and _block_layers(plan) is None:
@@ -121,6 +137,8 @@ def _memory_args(plan: Plan) -> list[str]:
     elif plan.zero_stage == 3:
         args += ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"]
     kinds = recompute_kinds(plan)
+    if Recompute.OFFLOAD in kinds:
+        args += ["--cpu-offloading-num-layers", str(plan.recompute.count(Recompute.OFFLOAD))]
     if Recompute.SELECTIVE in kinds:
         args += ["--recompute-granularity", "selective"]
     elif kinds == {Recompute.FULL}:

@@ -36,7 +36,10 @@ def unsupported(plan: Plan) -> list[str]:
     if m.ep > 1 and m.ep != m.dp * m.cp and m.tp > 1:
         missing.append(f"ep({m.ep}) != dp*cp with tp({m.tp}) (torchtitan takes ep from dp_shard*cp, etp = 1 or tp)")
     kinds = recompute_kinds(plan)
-    if len(kinds) > 1 and full_every_nth(plan) is None:
+    if Recompute.OFFLOAD in kinds:
+        missing.append("activation offloading to host memory (torchtitan's activation_checkpoint has modes "
+                       "none, selective and full only)")
+    elif len(kinds) > 1 and full_every_nth(plan) is None:
         missing.append("per-layer recomputation other than 'full on every n-th layer' "
                        f"({', '.join(f'{plan.recompute.count(k)} {k}' for k in sorted(kinds))})")
     return missing

@@ -32,6 +32,9 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"  # the attention core (Korthikanti et al. 2022, sec. 5)
     FULL = "full"  # the whole layer: keep only its input
+    # keep what NONE keeps, in host memory: copied out as the forward saves it and back for the backward
+    # (torch.autograd.graph.save_on_cpu; Megatron-Core --cpu-offloading-num-layers)
+    OFFLOAD = "offload"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

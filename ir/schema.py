@@ -246,7 +246,7 @@ class PlanFile(_Strict):
     num_microbatches: PosInt = 1
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"] = "1f1b"
     vp: _bounded_int(1, MAX_LAYERS) = 1
-    recompute: Annotated[list[Literal["none", "selective", "full"]], Field(max_length=MAX_LAYERS)] = []
+    recompute: Annotated[list[Literal["none", "selective", "full", "offload"]], Field(max_length=MAX_LAYERS)] = []
     stages: Annotated[list[Annotated[list[_bounded_int(0, MAX_LAYERS)], Field(min_length=2, max_length=2)]],
                       Field(max_length=MAX_LAYERS)] = []
     param_layouts: Annotated[dict[Annotated[str, Field(max_length=1000, pattern=PARAM_PATH)],

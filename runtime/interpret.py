@@ -26,6 +26,7 @@ from .context import context_parallel_step, flatten_mesh
 from .expert import build_expert_mesh, expert_parallel
 from .fused import fuse_kernel
 from .materialize import is_meta, materialize, meta_init_of
+from .offload import offload_activations
 from .pipeline import run_on_stages, split_pipeline
 from .styles import parallel_style, torch_op
 
@@ -75,6 +76,9 @@ def _keep_listed(save: frozenset, ctx: Any, op: Any, *args: Any, **kwargs: Any) 
 
 
 def _recompute(step: Recompute, state: State) -> None:
+    if step.policy == Policy.OFFLOAD:
+        offload_activations(state.get(step.module))
+        return
     extra: dict[str, Any] = {}
     if step.policy == Policy.SELECTIVE:
         policy = partial(_keep_listed, frozenset(torch_op(name) for name in step.save_ops))

@@ -5,7 +5,7 @@ Data, per candidate ``c`` (a mesh, ZeRO stage, sequence parallelism and micro-ba
 
     t_c       step time with no recomputation                        (µs)
     m_c       peak memory per GPU with no recomputation              (KiB)
-    dt_c^r    extra step time per layer recomputed with policy r     (µs),  r ∈ {sel, full}
+    dt_c^r    extra step time per layer recomputed with policy r     (µs),  r ∈ {sel, full, offload}
     dm_c^r    memory saved per layer recomputed with policy r        (KiB)
     L_c       layers per pipeline rank (the most loaded);   M  memory per GPU
 
@@ -13,6 +13,8 @@ Variables:
 
     y_c ∈ {0, 1}            candidate c is chosen
     k_c^r ∈ {0, …, L_c}     layers of each pipeline rank of candidate c recomputed with policy r
+                            (0 where the candidate does not offer r: offloading needs a host link and a
+                            program that runs it; ``CandidateCost`` lists the policies it offers)
 
 Constraints:
 
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-POLICIES = ("selective", "full")
+POLICIES = ("selective", "full", "offload")  # "offload": the layer's activations kept in host memory
 TIME_SCALE = 1e6  # seconds -> µs
 MEMORY_SCALE = 1 / 1024  # bytes -> KiB
 
@@ -52,8 +54,8 @@ MEMORY_SCALE = 1 / 1024  # bytes -> KiB
 class CandidateCost:
     time_s: float
     memory_bytes: float
-    extra_time_s: tuple[float, float]  # per recomputed layer: selective, full
-    saved_bytes: tuple[float, float]  # per recomputed layer: selective, full
+    extra_time_s: tuple[float, ...]  # per layer under each policy offered, in POLICIES' order (a prefix of it)
+    saved_bytes: tuple[float, ...]  # the same, memory saved
     layers: int  # layers on the most loaded pipeline rank
 
 
@@ -61,7 +63,7 @@ class CandidateCost:
 class Problem:
     costs: tuple[CandidateCost, ...]
     memory_limit_bytes: float
-    pinned_recompute: str | None = None  # "none" | "selective" | "full" | None
+    pinned_recompute: str | None = None  # "none" | "selective" | "full" | "offload" | None
     excluded: frozenset[int] = frozenset()  # candidates already returned (for the runners-up)
 
 
@@ -69,7 +71,7 @@ class Problem:
 class Solution:
     status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN
     candidate: int  # -1 when none
-    recompute_layers: tuple[int, int]  # selective, full
+    recompute_layers: tuple[int, ...]  # per policy the chosen candidate offers: selective, full(, offload)
     objective_s: float
     bound_s: float
     wall_s: float
@@ -95,7 +97,8 @@ def _int(x: float) -> int:
 
 def add_variables(model: cp_model.CpModel, p: Problem) -> _Vars:
     y = [model.new_bool_var(f"y{c}") for c in range(len(p.costs))]
-    k = [[model.new_int_var(0, cost.layers, f"k{c}_{r}") for r in POLICIES] for c, cost in enumerate(p.costs)]
+    k = [[model.new_int_var(0, cost.layers if r < len(cost.extra_time_s) else 0, f"k{c}_{r}")
+          for r in range(len(POLICIES))] for c, cost in enumerate(p.costs)]
     return _Vars(y=y, k=k)
 
 
@@ -113,7 +116,7 @@ def add_layer_budget(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
 def add_memory_limit(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     limit = _int(p.memory_limit_bytes * MEMORY_SCALE)
     for c, cost in enumerate(p.costs):
-        saved = sum(_int(cost.saved_bytes[r] * MEMORY_SCALE) * v.k[c][r] for r in range(len(POLICIES)))
+        saved = sum(_int(cost.saved_bytes[r] * MEMORY_SCALE) * v.k[c][r] for r in range(len(cost.saved_bytes)))
         model.add(_int(cost.memory_bytes * MEMORY_SCALE) * v.y[c] - saved <= limit * v.y[c])
 
 
@@ -132,7 +135,7 @@ def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     terms = []
     for c, cost in enumerate(p.costs):
         terms.append(_int(cost.time_s * TIME_SCALE) * v.y[c])
-        terms.extend(_int(cost.extra_time_s[r] * TIME_SCALE) * v.k[c][r] for r in range(len(POLICIES)))
+        terms.extend(_int(cost.extra_time_s[r] * TIME_SCALE) * v.k[c][r] for r in range(len(cost.extra_time_s)))
     model.minimize(sum(terms))
 
 
@@ -180,6 +183,6 @@ def solve(p: Problem, *, time_limit_s: float = 30.0) -> Solution:
                         bound_s=0.0, wall_s=wall_s, variables=n_vars, constraints=n_cons)
     chosen = next(c for c in range(len(p.costs)) if solver.value(v.y[c]))
     return Solution(status=run.status_name, candidate=chosen,
-                    recompute_layers=tuple(solver.value(x) for x in v.k[chosen]),
+                    recompute_layers=tuple(solver.value(x) for x in v.k[chosen][:len(p.costs[chosen].extra_time_s)]),
                     objective_s=solver.objective_value / TIME_SCALE, bound_s=solver.best_objective_bound / TIME_SCALE,
                     wall_s=wall_s, variables=n_vars, constraints=n_cons)

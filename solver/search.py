@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate
-from ..ir import Graph, Mesh, Plan, Prediction, Recompute, SolverInfo, limits
+from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts
 from .pins import check_pins_fit
-from .space import RUNTIME, Candidate, candidates, check_fixed, explain_empty, scale_up_gpus
+from .space import OFFLOAD, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates, check_fixed, explain_empty, scale_up_gpus
 from .stages import stage_ranges
 
 WINDOW = 64
@@ -44,8 +44,9 @@ class Request:
     software: Software = DEFAULT_SOFTWARE  # the program every candidate is costed as (cost_model.software)
 
 
-def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *, layouts: bool = False) -> Plan:
-    """The plan of a candidate with ``full`` then ``selective`` recomputed layers on every pipeline rank.
+def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, offload: int = 0, *,
+            layouts: bool = False) -> Plan:
+    """The plan of a candidate with ``full``, then ``offload``, then ``selective`` layers on every pipeline rank.
     Parameter layouts (one entry per parameter) are only worked out for the plans returned."""
     dims = req.graph.dims
     stages = stage_ranges(dims, cand.pp, cand.vp)
@@ -54,7 +55,7 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, *,
                 mesh=Mesh(pp=cand.pp, dp=cand.dp, cp=cand.cp, tp=cand.tp, ep=cand.ep), zero_stage=cand.zero,
                 zero_group=cand.zero_group, sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
                 schedule=cand.schedule, vp=cand.vp, stages=stages,
-                recompute=recompute_list(dims.layers, stages, cand.pp, selective, full),
+                recompute=recompute_list(dims.layers, stages, cand.pp, selective, full, offload),
                 param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp,
                                             tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype,
                 software=req.software.name)
@@ -78,16 +79,19 @@ def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
 
 
 def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,
-                   full: int) -> tuple[Recompute, ...]:
-    """Per layer: on each pipeline rank, its first ``full`` layers recompute fully, the next
-    ``selective`` selectively (walking the rank's chunks in order), the rest not at all."""
+                   full: int, offload: int = 0) -> tuple[Recompute, ...]:
+    """Per layer: on each pipeline rank, its first ``full`` layers recompute fully, the next ``offload``
+    keep their activations in host memory (the first layers, as Megatron's --cpu-offloading-num-layers
+    offloads), the next ``selective`` recompute selectively (walking the rank's chunks in order), the rest
+    not at all."""
     out = [Recompute.NONE] * layers
     seen = [0] * pp  # layers of each rank walked so far: one pass over the layers, not one per rank
     for c, (a, b) in enumerate(stages or ((0, layers),)):
         for i in range(a, b):
             j = seen[c % pp]
             seen[c % pp] += 1
-            out[i] = Recompute.FULL if j < full else Recompute.SELECTIVE if j < full + selective else Recompute.NONE
+            out[i] = (Recompute.FULL if j < full else Recompute.OFFLOAD if j < full + offload
+                      else Recompute.SELECTIVE if j < full + offload + selective else Recompute.NONE)
     return tuple(out)
 
 
@@ -100,14 +104,22 @@ def layers_per_rank(stages: tuple[tuple[int, int], ...], pp: int, layers: int) -
     return max(per_rank)
 
 
+def offers_offload(req: Request) -> bool:
+    """Whether the search may keep layers' activations in host memory: the program runs it and the GPU has
+    a host link to send them over (``Accelerator.host_link_Bps``; a CPU rank's are in host memory already)."""
+    return OFFLOAD in req.runtime and req.cluster.accelerator.host_link_Bps > 0
+
+
 def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.CandidateCost:
-    """Per-layer deltas of selective and full recomputation, from the cost model at uniform policies."""
+    """Per-layer deltas of selective and full recomputation (and offloading, where offered), from the cost
+    model at uniform policies."""
     per_rank = layers_per_rank(stage_ranges(req.graph.dims, cand.pp, cand.vp), cand.pp, req.graph.dims.layers)
+    offload = offers_offload(req) and (cand.tp == 1 or OFFLOAD_WITH_TP in req.runtime)
+    policies = ilp.POLICIES if offload else ilp.POLICIES[:2]
     ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}), software=req.software)
-            for r in ("selective", "full")}
-    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in ("selective", "full"))
-    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank)
-                  for r in ("selective", "full"))
+            for r in policies}
+    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in policies)
+    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank) for r in policies)
     return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
                              saved_bytes=saved, layers=per_rank)
 
@@ -163,6 +175,10 @@ def check_request(req: Request) -> dict[str, Any]:
     limits.check_sizes(global_batch=req.global_batch, seq_len=req.seq_len, world=cl.world_size, layers=dims.layers)
     limits.check_time_limit("time_limit_s", req.time_limit_s)
     fixed = check_fixed(req.fixed, req.runtime)
+    if fixed.get("recompute") == OFFLOAD and not offers_offload(req):
+        raise PlanError(f"fixed: recompute=offload, but {req.cluster.accelerator.name} has no host link to offload "
+                        "over (host_link_Bps 0: a CPU rank's activations are in host memory already); pin none, "
+                        "selective or full, or give the cluster file's accelerator a host_link_Bps")
     check_pins_fit(dims, world=cl.world_size, domain=scale_up_gpus(cl), global_batch=req.global_batch,
                    seq_len=req.seq_len, fixed=fixed, runtime=req.runtime,
                    model_name=req.model.get("name") or dims.family)
@@ -209,21 +225,30 @@ def _exclude(problem: ilp.Problem, window: list[Candidate], cand: Candidate) -> 
     return replace(problem, excluded=problem.excluded | group)
 
 
-def _fit(req: Request, cand: Candidate, selective: int, full: int, per_rank: int) -> Plan:
+def _fit(req: Request, cand: Candidate, per_rank: int, selective: int, full: int, offload: int = 0) -> Plan:
     """The plan with the program's recompute counts, re-estimated by the cost model. The program's
     per-layer deltas are linear; where the cost model is not exactly additive the estimate can land
-    a little over the limit, so recompute more layers (selective to full first) until it fits."""
+    a little over the limit, so recompute more layers (selective to full first, then the layers kept by
+    none) until it fits; with every layer recomputed or offloaded, offload the recomputed ones where the
+    program offloads (an offloaded layer keeps nothing on the GPU, a recomputed one its input)."""
     while True:
-        plan = plan_of(req, cand, selective, full, layouts=True)
+        plan = plan_of(req, cand, selective, full, offload, layouts=True)
         plan = plan.with_prediction(estimate(req.graph, req.cluster, plan, software=req.software))
         pred = plan.prediction
-        if pred.peak_memory_bytes <= pred.memory_limit_bytes or full >= per_rank or req.fixed.get("recompute"):
+        if pred.peak_memory_bytes <= pred.memory_limit_bytes or req.fixed.get("recompute"):
             return plan
-        selective, full = (selective - 1, full + 1) if selective else (selective, full + 1)
+        if selective:
+            selective, full = selective - 1, full + 1
+        elif full + offload < per_rank:
+            full += 1
+        elif offload and full:
+            full, offload = full - 1, offload + 1
+        else:
+            return plan
 
 
 def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
-    plans = [_fit(s.req, cand, *sol.recompute_layers, cost_layers(s, cand)) for cand, sol in found]
+    plans = [_fit(s.req, cand, cost_layers(s, cand), *sol.recompute_layers) for cand, sol in found]
     s.lap("fit + layouts")
     best_sol = found[0][1]
     evaluated = {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)

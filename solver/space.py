@@ -44,7 +44,7 @@ from ..cost_model import TierKind
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
-                     "tp_replicate", "gpipe", "zero_bubble"})  # grows as the runtime does
+                     "tp_replicate", "gpipe", "zero_bubble", "offload"})  # grows as the runtime does
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
@@ -53,11 +53,14 @@ ZERO3_WITH_ZB = "zero3_zb"  # ZeRO-3 under the zero-bubble schedule
 EP_OVER_CP = "ep_cp"  # ep ranks taken from cp as well as dp (the runtime folds ep inside dp only)
 CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
 CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
+OFFLOAD = "offload"  # a layer's saved activations kept in host memory (Recompute.OFFLOAD)
+OFFLOAD_WITH_TP = "offload_tp"  # offloading beside tensor parallelism (the runtime keeps DTensors on the GPU)
 # What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
 # optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts), PP
-# with 1F1B and interleaved 1F1B, CP beside all of them; not ZeRO-2, HSDP, GPipe or zero-bubble.
+# with 1F1B and interleaved 1F1B, CP beside all of them, activation offloading (--cpu-offloading-num-layers);
+# not ZeRO-2, HSDP, GPipe or zero-bubble.
 MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", ZERO1_WITH_TP, ZERO1_WITH_EP,
-                      EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, CP_WITH_PP, CP_WITH_EP})
+                      EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, CP_WITH_PP, CP_WITH_EP, OFFLOAD, OFFLOAD_WITH_TP})
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
@@ -127,8 +130,14 @@ def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME)
                             f"leave {key} unset or 1")
     if "zero" in fixed and (isinstance(fixed["zero"], bool) or fixed["zero"] not in zero_stages(runtime)):
         raise PlanError(f"fixed: zero={fixed['zero']!r}; the runtime executes ZeRO stages {zero_stages(runtime)}")
-    if "recompute" in fixed and fixed["recompute"] not in ("none", "selective", "full"):
-        raise PlanError(f"fixed: recompute={fixed['recompute']!r}; expected none, selective or full")
+    if "recompute" in fixed and fixed["recompute"] not in ("none", "selective", "full", OFFLOAD):
+        raise PlanError(f"fixed: recompute={fixed['recompute']!r}; expected none, selective, full or offload")
+    if fixed.get("recompute") == OFFLOAD and OFFLOAD not in runtime:
+        raise PlanError("fixed: recompute=offload, but this program does not offload activations to host memory; "
+                        "pin none, selective or full")
+    if fixed.get("recompute") == OFFLOAD and fixed.get("tp", 1) != 1 and OFFLOAD_WITH_TP not in runtime:
+        raise PlanError(f"fixed: recompute=offload with tp={fixed['tp']}, but the runtime offloads activations "
+                        "without tensor parallelism only (its DTensors stay on the GPU); pin tp=1 or another recompute")
     if "schedule" in fixed:
         try:
             fixed["schedule"] = Schedule(fixed["schedule"])

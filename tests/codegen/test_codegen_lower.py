@@ -164,3 +164,18 @@ def test_any_supported_plan_lowers_in_order_and_emits(family, dp, tp, zero, sp, 
     fsdp = sum(isinstance(s, FullyShard) for s in program.steps)
     assert fsdp == (0 if dp == 1 else 7 if zero >= 2 else 5 if tp > 1 else 0)  # ZeRO-2/3: embedding, head apart
     compile(emit_source(p), "emitted.py", "exec")
+
+
+def test_offloaded_blocks_keep_their_names_and_the_script_imports_the_runtimes_hooks() -> None:
+    """Offloading wraps nothing (the block keeps its name and state-dict keys): the program registers
+    runtime.offload's hooks on the block, and the script imports them, not checkpoint_wrapper."""
+    from meshplan.codegen import emit_source
+
+    p = plan("gpt", dp=2, zero=3, recompute=("offload", "offload", "none", "none"))
+    recomputes = [s for s in lower(p).steps if isinstance(s, Recompute)]
+    assert [(s.module, s.policy) for s in recomputes] == [("layers.0", Policy.OFFLOAD), ("layers.1", Policy.OFFLOAD)]
+    src = emit_source(p)
+    compile(src, "offload_script.py", "exec")
+    assert "from meshplan.runtime.offload import offload_activations" in src
+    assert "    for i in range(2):\n        offload_activations(model.layers[i])" in src  # blocks 0 and 1
+    assert "checkpoint_wrapper" not in src

@@ -64,7 +64,7 @@ def _good() -> dict:
     (lambda d: d["mesh"].update(tp="two"), "mesh.tp: expected an integer, got 'two'"),
     (lambda d: d.update(global_batch=9), "= 8 != global_batch(9)"),
     (lambda d: d.update(zero_stage=5), "zero_stage: expected 0, 1, 2 or 3, got 5"),
-    (lambda d: d.update(recompute=["none", "some"]), "recompute[1]: expected 'none', 'selective' or 'full', got 'some'"),
+    (lambda d: d.update(recompute=["none", "some"]), "recompute[1]: expected 'none', 'selective', 'full' or 'offload', got 'some'"),
     (lambda d: d.update(schedule="fast"), "schedule: expected 'gpipe', '1f1b'"),
     (lambda d: d.update(surprise=1), "unknown field(s) ['surprise']"),
     (lambda d: d["prediction"].pop("step_time_s"), "prediction.step_time_s: required field is missing"),

@@ -36,7 +36,9 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
             x, y = synthetic_batch(plan.model["vocab"], GLOBAL_BATCH, SEQ_LEN, SEED, step)
             losses.append(pm.step(x, y))
         params = pm.full_parameters()
+        offloading = sum(1 for m in pm.module.modules() if getattr(m, "_meshplan_offload_handles", None))
         results[case["name"]] = {"losses": losses, "params": params if rank == 0 else None, "held": held,
+                                 "offloading": offloading,
                                  "built_on_meta": built_on_meta, "meta_left": is_meta(pm.module),
                                  "whole": sum(p.numel() for p in params.values())}
         del pm, model

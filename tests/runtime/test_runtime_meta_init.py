@@ -9,7 +9,7 @@ import torch
 
 from parity_support import assert_matches_reference, launch
 
-FULL, SEL = ("full",) * 4, ("selective",) * 4
+FULL, SEL, OFFLOAD = ("full",) * 4, ("selective",) * 4, ("offload",) * 4
 
 CASES = [
     dict(name="gpt dp4 (DDP: materialized before wrapping)", model="gpt-tiny", plan=dict(dp=4, nmb=2),
@@ -22,6 +22,14 @@ CASES = [
     dict(name="llama pp2 x dp2 1f1b zero3", model="llama-tiny", pipeline=True, plan=dict(pp=2, dp=2, zero=3)),
     dict(name="gpt pp2 x dp2 gpipe zero0 (DDP per stage)", model="gpt-tiny", pipeline=True,
          plan=dict(pp=2, dp=2, schedule="gpipe")),
+    # activation offloading (runtime/offload.py) beside FSDP2, DDP and pipelining: the hooks enter and leave
+    # around each block (on CPU ranks the activations are in host memory already, so nothing is copied)
+    dict(name="llama zero3 dp4 offload", model="llama-tiny", plan=dict(dp=4, zero=3, recompute=OFFLOAD),
+         offloaded=4),
+    dict(name="gpt dp4 offload + full (DDP)", model="gpt-tiny", plan=dict(dp=4, nmb=2, recompute=(
+        "offload", "full", "offload", "none")), replicated=True, offloaded=2),
+    dict(name="llama pp2 x dp2 1f1b zero3 offload", model="llama-tiny", pipeline=True,
+         plan=dict(pp=2, dp=2, zero=3, recompute=OFFLOAD), offloaded=2),  # each stage's own 2 blocks
 ]
 
 
@@ -36,6 +44,7 @@ def test_meta_built_model_matches_one_process(ranks4, case) -> None:
     results = [r[case["name"]] for r in ranks4]
     assert all(r["built_on_meta"] for r in results)  # the model really started without weights
     assert not any(r["meta_left"] for r in results)  # and every parameter a rank holds got its values
+    assert all(r["offloading"] == case.get("offloaded", 0) for r in results)  # the blocks the plan offloads
     if case.get("replicated"):  # DDP keeps the whole model on every rank
         assert all(r["held"] == r["whole"] for r in results)
     else:  # each rank holds part of the model, never all of it
