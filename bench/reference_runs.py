@@ -36,7 +36,10 @@ cannot express (MoE with MLA or shared experts, sliding-window attention, hybrid
 more ranks than dp (Megatron's ep over tp x dp). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
 405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
-split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2).
+split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2). Where a row's recipe is
+known to recompute or offload only some layers (Megatron-Bridge's ``recompute_num_layers``, full recompute of
+the first n layers, and ``cpu_offloading_num_layers``, the first n layers' activations in host memory, from
+the workload configs of the container's release), ``recompute_layers`` and ``offload_layers`` give n.
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -307,6 +310,10 @@ def build_run(row: dict[str, str]) -> Run | str:
         return f"{layers} layers do not split into pp({pp}) * vp({vp}) chunks"
     else:
         stages = even_stages(layers, pp * vp) if pp > 1 else ()
+    full_n, offload_n = _int(_cell(row, "recompute_layers"), 0), _int(_cell(row, "offload_layers"), 0)
+    if (full_n or offload_n) and pp > 1:
+        return "per-layer recompute or offload under pipelining not expressed by this bench"
+    per_layer = ("full",) * full_n + ("offload",) * offload_n + (recompute,) * (layers - full_n - offload_n)
     base = Cluster.preset(preset)
     per_node = base.gpus_per_node
     cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
@@ -315,7 +322,7 @@ def build_run(row: dict[str, str]) -> Run | str:
                        mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
                        micro_batch_size=mb, num_microbatches=batch // (mb * dp),
                        schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
-                       recompute=(recompute,) * layers, stages=stages, dtype=dtype)
+                       recompute=per_layer, stages=stages, dtype=dtype)
     except ir.PlanError as exc:
         return f"plan not expressible: {exc}"
     step = re.search(r"iteration_time_s=([\d.]+)", row["notes"])
