@@ -20,8 +20,9 @@ Constraints:
 
     Σ_c y_c = 1                                            (add_choose_one)
     Σ_r k_c^r ≤ L_c · y_c                                   (add_layer_budget)
+    k_c^off ≤ (L_c − 1)·z_c,  k_c^sel + k_c^full ≤ L_c·(1 − z_c)  where offloading stands alone (Megatron)
     m_c·y_c − Σ_r dm_c^r·k_c^r ≤ M·y_c                      (add_memory_limit)
-    k_c^r = L_c·y_c   where the user pinned recompute = r    (add_pinned_recompute)
+    k_c^r = L_c·y_c   where the user pinned recompute = r    (add_pinned_recompute; offload alone: L_c − 1)
 
 Objective (add_objective):
 
@@ -57,6 +58,8 @@ class CandidateCost:
     extra_time_s: tuple[float, ...]  # per layer under each policy offered, in POLICIES' order (a prefix of it)
     saved_bytes: tuple[float, ...]  # the same, memory saved
     layers: int  # layers on the most loaded pipeline rank
+    # the program offloads only without recomputation and keeps at least one layer on the GPU (Megatron-Core)
+    offload_alone: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +114,10 @@ def add_choose_one(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
 def add_layer_budget(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     for c, cost in enumerate(p.costs):
         model.add(sum(v.k[c]) <= cost.layers * v.y[c])
+        if cost.offload_alone and len(cost.extra_time_s) == len(POLICIES):
+            alone = model.new_bool_var(f"z{c}")
+            model.add(v.k[c][2] <= (cost.layers - 1) * alone)
+            model.add(v.k[c][0] + v.k[c][1] <= cost.layers - cost.layers * alone)
 
 
 def add_memory_limit(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
@@ -126,7 +133,8 @@ def add_pinned_recompute(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     for c, cost in enumerate(p.costs):
         for r, policy in enumerate(POLICIES):
             if policy == p.pinned_recompute:
-                model.add(v.k[c][r] == cost.layers * v.y[c])
+                most = cost.layers - 1 if policy == "offload" and cost.offload_alone else cost.layers
+                model.add(v.k[c][r] == most * v.y[c])
             else:
                 model.add(v.k[c][r] == 0)
 

@@ -23,7 +23,8 @@ from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts
 from .pins import check_pins_fit
-from .space import OFFLOAD, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates, check_fixed, explain_empty, scale_up_gpus
+from .space import (OFFLOAD, OFFLOAD_WITH_PP, OFFLOAD_WITH_RECOMPUTE, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates,
+                    check_fixed, explain_empty, scale_up_gpus)
 from .stages import stage_ranges
 
 WINDOW = 64
@@ -114,14 +115,15 @@ def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.Candi
     """Per-layer deltas of selective and full recomputation (and offloading, where offered), from the cost
     model at uniform policies."""
     per_rank = layers_per_rank(stage_ranges(req.graph.dims, cand.pp, cand.vp), cand.pp, req.graph.dims.layers)
-    offload = offers_offload(req) and (cand.tp == 1 or OFFLOAD_WITH_TP in req.runtime)
+    offload = (offers_offload(req) and (cand.tp == 1 or OFFLOAD_WITH_TP in req.runtime)
+               and (cand.pp == 1 or OFFLOAD_WITH_PP in req.runtime))
     policies = ilp.POLICIES if offload else ilp.POLICIES[:2]
     ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}), software=req.software)
             for r in policies}
     extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in policies)
     saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank) for r in policies)
     return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
-                             saved_bytes=saved, layers=per_rank)
+                             saved_bytes=saved, layers=per_rank, offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime)
 
 
 def min_memory(cost: ilp.CandidateCost) -> float:
@@ -230,14 +232,20 @@ def _fit(req: Request, cand: Candidate, per_rank: int, selective: int, full: int
     per-layer deltas are linear; where the cost model is not exactly additive the estimate can land
     a little over the limit, so recompute more layers (selective to full first, then the layers kept by
     none) until it fits; with every layer recomputed or offloaded, offload the recomputed ones where the
-    program offloads (an offloaded layer keeps nothing on the GPU, a recomputed one its input)."""
+    program offloads (an offloaded layer keeps nothing on the GPU, a recomputed one its input). A program
+    that offloads only without recomputation (Megatron-Core) offloads more layers instead, up to all but one."""
+    alone = OFFLOAD_WITH_RECOMPUTE not in req.runtime
     while True:
         plan = plan_of(req, cand, selective, full, offload, layouts=True)
         plan = plan.with_prediction(estimate(req.graph, req.cluster, plan, software=req.software))
         pred = plan.prediction
         if pred.peak_memory_bytes <= pred.memory_limit_bytes or req.fixed.get("recompute"):
             return plan
-        if selective:
+        if offload and alone:
+            if offload + 1 >= per_rank:
+                return plan
+            offload += 1
+        elif selective:
             selective, full = selective - 1, full + 1
         elif full + offload < per_rank:
             full += 1

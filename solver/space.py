@@ -44,7 +44,7 @@ from ..cost_model import TierKind
 from ..ir import InfeasibleError, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
-                     "tp_replicate", "gpipe", "zero_bubble", "offload"})  # grows as the runtime does
+                     "tp_replicate", "gpipe", "zero_bubble", "offload", "offload_pp", "offload_rc"})  # grows with it
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
@@ -55,6 +55,9 @@ CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
 CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
 OFFLOAD = "offload"  # a layer's saved activations kept in host memory (Recompute.OFFLOAD)
 OFFLOAD_WITH_TP = "offload_tp"  # offloading beside tensor parallelism (the runtime keeps DTensors on the GPU)
+OFFLOAD_WITH_PP = "offload_pp"  # offloading under pipelining (Megatron-Core: "no support for Pipeline parallelism
+OFFLOAD_WITH_RECOMPUTE = "offload_rc"  # with CPU offloading"); offloading beside recomputation (Megatron-Core:
+# "CPU offloading does not work when activation recomputation is enabled", TransformerConfig.__post_init__)
 # What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
 # optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts), PP
 # with 1F1B and interleaved 1F1B, CP beside all of them, activation offloading (--cpu-offloading-num-layers);
