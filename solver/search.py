@@ -288,10 +288,13 @@ GB = 1e9
 def binding(plan: Plan) -> str:
     pred = plan.prediction
     used, limit = pred.peak_memory_bytes, pred.memory_limit_bytes
-    recomputed = sum(r != Recompute.NONE for r in plan.recompute)
-    if recomputed:
-        return (f"memory: {used / GB:.1f} of {limit / GB:.1f} GB per GPU even with {recomputed} of "
-                f"{len(plan.recompute)} layers recomputed")
+    recomputed = sum(r not in (Recompute.NONE, Recompute.OFFLOAD) for r in plan.recompute)
+    offloaded = plan.recompute.count(Recompute.OFFLOAD)
+    if recomputed or offloaded:
+        kept = " and ".join(([f"{recomputed} recomputed"] if recomputed else [])
+                            + ([f"{offloaded} offloaded to host memory"] if offloaded else []))
+        return (f"memory: {used / GB:.1f} of {limit / GB:.1f} GB per GPU even with {kept} of "
+                f"{len(plan.recompute)} layers")
     if used > 0.9 * limit:
         return f"memory: {used / GB:.1f} of {limit / GB:.1f} GB per GPU"
     return f"none: the fastest strategy fits with {(limit - used) / GB:.1f} GB per GPU to spare"
