@@ -389,3 +389,24 @@ def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_no_fp32_copy(make_gra
     assert all(fused_mem[k] == upcast_mem[k] for k in ("params", "grads", "optimizer"))
     assert upcast_mem["buffers"] - fused_mem["buffers"] == pytest.approx(
         ALLOCATOR_FRACTION * logits * ((4 + 8) - (2 + 2)))
+
+
+def test_a_fused_cross_entropy_moves_4_bytes_a_logit_each_way_not_18() -> None:
+    """The output layer's loss under llm-foundry's fused kernel: the same matmuls, and the logits' memory
+    traffic cut from 18 to 4 bytes a logit forward and backward, timed at the HBM rate."""
+    from meshplan.cost_model.kernels import memory_time_s
+    from meshplan.cost_model.layer_cost import edge_cost
+
+    dims = ir.ModelDims(family="gpt", layers=2, hidden=768, heads=12, kv_heads=12, ffn_hidden=3072, vocab=50368)
+    cluster = Cluster.preset("a100-80gb", nodes=1)
+    foundry = software_named("llm-foundry-2023")
+    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", fused_cross_entropy=False)
+    cost = {sw.name: edge_cost(LayerShape(dims=dims, micro_batch=32, seq_len=2048, software=sw), cluster,
+                               first=False, last=True) for sw in (foundry, upcast)}
+    logits = 32 * 2048 * 50368
+    norm = 4 * 32 * 2048 * 768 * 2
+    accel = cluster.accelerator
+    saved_f = memory_time_s(accel, 18 * logits + norm, 6) - memory_time_s(accel, 4 * logits + norm, 6)
+    saved_b = memory_time_s(accel, 18 * logits + 2 * norm, 8) - memory_time_s(accel, 4 * logits + 2 * norm, 8)
+    assert cost[upcast.name].fwd_compute_s - cost[foundry.name].fwd_compute_s == pytest.approx(saved_f)
+    assert cost[upcast.name].bwd_compute_s - cost[foundry.name].bwd_compute_s == pytest.approx(saved_b)
