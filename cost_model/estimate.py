@@ -3,8 +3,9 @@ run by a program (``software.py``: its attention kernel and what it overlaps; me
 by default).
 
 Step time, with m micro-batches, p pipeline ranks, t_r the time of one micro-batch (forward,
-backward and recomputation, with the TP/EP/CP communication inside it and the per-micro-batch
-ZeRO-2/3 traffic that compute does not hide) on pipeline rank r::
+backward and recomputation, with the TP/EP/CP communication inside it, the per-micro-batch
+ZeRO-2/3 traffic that compute does not hide, and the exposed host copies of offloaded layers'
+activations, ``_offload_s``, all in "exposed_comm") on pipeline rank r::
 
     step = m * max_r t_r                      compute + in-layer exposed communication
          + bubble(schedule, v, t_r)           pipeline.py: the ranks but the slowest, sum t_r / v
