@@ -35,6 +35,9 @@ def unsupported(plan: Plan) -> list[str]:
         missing.append(f"HSDP zero_group={plan.zero_group} (DeepSpeed's hpZ shards a secondary copy only)")
     if Recompute.SELECTIVE in plan.recompute:
         missing.append("selective recomputation of the attention core (DeepSpeed checkpoints whole layers)")
+    if Recompute.OFFLOAD in plan.recompute:
+        missing.append("activation offloading of whole layers (DeepSpeed's cpu_checkpointing offloads only the "
+                       "inputs of checkpointed layers)")
     return missing
 
 

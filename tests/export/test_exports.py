@@ -144,3 +144,24 @@ def test_cli_export_refusal_is_one_line(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "meshplan.cli", "export", str(path.with_name("q.json")), "--to",
                          "deepspeed"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 2 and "q.json" in ok.stderr
+
+
+def test_offloading_exports_to_megatron_only_as_its_config_allows():
+    """--cpu-offloading-num-layers n for the first n layers without pipelining or recomputation (TransformerConfig's
+    rules); torchtitan and DeepSpeed have no whole-layer activation offload and say so."""
+    base = plan("zero3")
+    assert base.mesh.pp == 1
+    layers = base.layers
+    off = dataclasses.replace(base, recompute=("offload",) * 8 + ("none",) * (layers - 8))
+    assert megatron.parse(export(off, "megatron")).cpu_offloading_num_layers == 8
+    for bad, why in ((dataclasses.replace(base, recompute=("offload",) * layers), "first n layers"),
+                     (dataclasses.replace(off, recompute=("offload", "full") + ("none",) * (layers - 2)),
+                      "beside recomputation"),
+                     (dataclasses.replace(plan("dense"), recompute=("offload",) * 4 + ("none",) * (plan("dense").layers - 4)),
+                      "under pipeline parallelism")):
+        with pytest.raises(ir.InvalidPlanError, match=why):
+            export(bad, "megatron")
+    with pytest.raises(ir.InvalidPlanError, match="activation offloading"):
+        export(off, "torchtitan")
+    with pytest.raises(ir.InvalidPlanError, match="activation offloading"):
+        export(off, "deepspeed")
