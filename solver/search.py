@@ -123,7 +123,8 @@ def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.Candi
     extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in policies)
     saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank) for r in policies)
     return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
-                             saved_bytes=saved, layers=per_rank, offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime)
+                             saved_bytes=saved, layers=per_rank,
+                             offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime)
 
 
 def min_memory(cost: ilp.CandidateCost) -> float:

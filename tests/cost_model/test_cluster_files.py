@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from meshplan import cli, ir, zoo
-from meshplan.cost_model import (BUS_EFFICIENCY, Cluster, Collective, TierKind, collective_time, estimate,
-                                 parse_cluster, preset_data, preset_names, software_named)
+from meshplan.cost_model import (BUS_EFFICIENCY, DEFAULT_SOFTWARE, Cluster, Collective, TierKind, collective_time,
+                                 estimate, parse_cluster, preset_data, preset_names, software_named)
 from meshplan.cost_model.files import MAX_FILE_BYTES
 from meshplan.ir.limits import MAX_GPUS
 
@@ -343,3 +343,32 @@ def test_a_malformed_attention_curve_is_refused_naming_it(tmp_path, value, rule)
     data["accelerator"]["attention_by_seq_len"] = _n(value)
     with pytest.raises(ir.InvalidClusterError, match=rf"attention_by_seq_len(.|\n)*{rule}"):
         parse_cluster(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("value, rule", [(-1.0, ">= 0"), ("fast", "finite number"), (float("inf"), "finite")])
+def test_a_bad_host_link_is_refused_naming_it(tmp_path, value, rule) -> None:
+    data = four_by_100g()
+    data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
+    data["accelerator"]["host_link_Bps"] = _n(value)
+    with pytest.raises(ir.InvalidClusterError, match=rf"host_link_Bps(.|\n)*{rule}"):
+        parse_cluster(write(tmp_path, data))
+
+
+def test_a_host_link_in_a_cluster_file_sets_the_offload_copies(tmp_path, make_graph, make_plan, make_gpt) -> None:
+    """A faster host link (NVLink-C2C's 225 GB/s given to an H100 node's numbers) shortens an offloaded plan's
+    step by exactly its copies' share: each layer's activations over the link, out and back, per micro-batch."""
+    from meshplan.cost_model.footprint import offloaded_layer_bytes
+    from meshplan.cost_model.summary import summary_of
+
+    data = four_by_100g()
+    data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
+    slow = parse_cluster(write(tmp_path, data, "slow.json"))
+    data["accelerator"]["host_link_Bps"] = _n(225e9)
+    fast = parse_cluster(write(tmp_path, data, "fast.json"))
+    assert (slow.accelerator.host_link_Bps, fast.accelerator.host_link_Bps) == (64e9, 225e9)
+    cfg = make_gpt(8, 2048, 16, seq=2048)
+    graph = make_graph(cfg)
+    plan = make_plan(cfg, slow, global_batch=32, seq_len=2048, dp=slow.world_size, zero=3, recompute="offload")
+    copies = 2 * cfg.layers * plan.num_microbatches * offloaded_layer_bytes(summary_of(graph), plan, DEFAULT_SOFTWARE)
+    t_slow, t_fast = (estimate(graph, c, plan).step_time_s for c in (slow, fast))
+    assert t_slow - t_fast == pytest.approx(copies / 64e9 - copies / 225e9, rel=1e-6)
