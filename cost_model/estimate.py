@@ -192,7 +192,7 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
     seen: dict[tuple, RankTime] = {}
     out = []
     for r in ranks:
-        key = (r.none, r.selective, r.full, r.offload, r.first, r.last)
+        key = r.kind
         if key not in seen:
             edge = edge_cost(shape, cluster, first=r.first, last=r.last) if (r.first or r.last) else None
             seen[key] = _rank_time(r, layer, edge, summary, cluster, plan, software)

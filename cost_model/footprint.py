@@ -227,5 +227,5 @@ def peak_memory(summary: ModelSummary, plan: Plan, ranks: tuple[RankLayers, ...]
     flight, which never grow with the rank, so the first rank of each kind is the one to check."""
     firsts: dict[tuple, RankLayers] = {}
     for r in ranks:
-        firsts.setdefault((r.none, r.selective, r.full, r.offload, r.first, r.last), r)
+        firsts.setdefault(r.kind, r)
     return max((rank_memory(summary, plan, r, software) for r in firsts.values()), key=lambda m: sum(m.values()))

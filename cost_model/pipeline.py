@@ -55,6 +55,11 @@ class RankLayers:
     def layers(self) -> int:
         return self.none + self.selective + self.full + self.offload
 
+    @property
+    def kind(self) -> tuple:
+        """What sets the rank's time and memory: everything but its index (ranks of one kind are costed once)."""
+        return self.none, self.selective, self.full, self.offload, self.first, self.last
+
 
 def rank_layers(plan: Plan, layers: int) -> tuple[RankLayers, ...]:
     """One entry per pipeline rank."""

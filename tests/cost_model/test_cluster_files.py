@@ -334,23 +334,23 @@ def test_attention_follows_the_published_curve_by_sequence_length() -> None:
     assert accel.attention_at(None)[0] == accel.attention_efficiency  # no length: the flat figure
 
 
-@pytest.mark.parametrize("value, rule", [
-    ([[2048, 0.5], [1024, 0.4]], "increasing"), ([[1024, 1.5]], "efficiency in"), ([], "pairs"),
-    ([[1024, "fast"]], "pairs"), (0.5, "pairs")])
-def test_a_malformed_attention_curve_is_refused_naming_it(tmp_path, value, rule) -> None:
+def _h100_numbers() -> dict:
+    """A cluster file of two nodes whose accelerator is the h100-sxm preset's numbers, written out."""
     data = four_by_100g()
     data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
-    data["accelerator"]["attention_by_seq_len"] = _n(value)
-    with pytest.raises(ir.InvalidClusterError, match=rf"attention_by_seq_len(.|\n)*{rule}"):
-        parse_cluster(write(tmp_path, data))
+    return data
 
 
-@pytest.mark.parametrize("value, rule", [(-1.0, ">= 0"), ("fast", "finite number"), (float("inf"), "finite")])
-def test_a_bad_host_link_is_refused_naming_it(tmp_path, value, rule) -> None:
-    data = four_by_100g()
-    data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
-    data["accelerator"]["host_link_Bps"] = _n(value)
-    with pytest.raises(ir.InvalidClusterError, match=rf"host_link_Bps(.|\n)*{rule}"):
+@pytest.mark.parametrize("field, value, rule", [
+    ("attention_by_seq_len", [[2048, 0.5], [1024, 0.4]], "increasing"),
+    ("attention_by_seq_len", [[1024, 1.5]], "efficiency in"), ("attention_by_seq_len", [], "pairs"),
+    ("attention_by_seq_len", [[1024, "fast"]], "pairs"), ("attention_by_seq_len", 0.5, "pairs"),
+    ("host_link_Bps", -1.0, ">= 0"), ("host_link_Bps", "fast", "finite number"),
+    ("host_link_Bps", float("inf"), "finite")])
+def test_a_malformed_accelerator_field_is_refused_naming_it(tmp_path, field, value, rule) -> None:
+    data = _h100_numbers()
+    data["accelerator"][field] = _n(value)
+    with pytest.raises(ir.InvalidClusterError, match=rf"{field}(.|\n)*{rule}"):
         parse_cluster(write(tmp_path, data))
 
 
@@ -360,8 +360,7 @@ def test_a_host_link_in_a_cluster_file_sets_the_offload_copies(tmp_path, make_gr
     from meshplan.cost_model.footprint import offloaded_layer_bytes
     from meshplan.cost_model.summary import summary_of
 
-    data = four_by_100g()
-    data["accelerator"] = copy.deepcopy(preset_data("h100-sxm")["accelerator"])
+    data = _h100_numbers()
     slow = parse_cluster(write(tmp_path, data, "slow.json"))
     data["accelerator"]["host_link_Bps"] = _n(225e9)
     fast = parse_cluster(write(tmp_path, data, "fast.json"))
