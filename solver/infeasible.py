@@ -2,6 +2,7 @@
 the smallest cluster of the same kind (doubling the nodes) on which some strategy fits."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -15,13 +16,25 @@ GB = 1e9
 MAX_NODES = 4096
 
 
-def infeasible(req: "Request", cands: list, costs: dict, limit: float) -> InfeasibleError:
+def infeasible(req: "Request", cands: list, costs: dict, limit: float, recompute: str | None = None) -> InfeasibleError:
+    """Why no candidate fits: the least memory one needs, with the recompute the user pinned (else the
+    policy that saves the most), and what would fit."""
     from .search import min_memory
 
-    i = min(costs, key=lambda j: min_memory(costs[j]))
-    need = min_memory(costs[i])
-    gpus = gpus_that_fit(req)
+    i = min(costs, key=lambda j: min_memory(costs[j], recompute))
+    need = min_memory(costs[i], recompute)
     name = req.model.get("name") or req.graph.dims.family
+    if recompute is not None:
+        how = f"recompute {recompute!r} as pinned" if math.isfinite(need) else ""
+        if not how:
+            return InfeasibleError(f"{name}: no candidate on {req.cluster.spec} offers recompute {recompute!r} as pinned "
+                                   "(offloading needs a host link and a program that runs it); pin another policy or "
+                                   "leave recompute free")
+        return InfeasibleError(
+            f"{name} needs {need / GB:.1f} GB per GPU at best ({cands[i].describe()}, {how}) but a "
+            f"{req.cluster.accelerator.name} has {limit / GB:.1f} GB usable on {req.cluster.spec}; leave recompute "
+            "free (or pin 'full'), use more GPUs, or a smaller micro-batch or sequence")
+    gpus = gpus_that_fit(req)
     hint = f"use at least {gpus} GPUs" if gpus else f"no {req.cluster.name} cluster up to {MAX_NODES} nodes fits it"
     return InfeasibleError(
         f"{name} needs {need / GB:.1f} GB per GPU at best ({cands[i].describe()}, full recompute) but a "

@@ -127,8 +127,17 @@ def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.Candi
                              offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime)
 
 
-def min_memory(cost: ilp.CandidateCost) -> float:
-    return cost.memory_bytes - cost.layers * max(cost.saved_bytes)
+def min_memory(cost: ilp.CandidateCost, recompute: str | None = None) -> float:
+    """The least memory per GPU the candidate can reach: with the recompute policy the user pinned (every
+    layer under it; ``inf`` where the candidate does not offer it), else with the one that saves the most."""
+    if recompute == "none":
+        return cost.memory_bytes
+    offered = dict(zip(ilp.POLICIES, cost.saved_bytes))
+    if recompute is not None and recompute not in offered:
+        return float("inf")
+    policies = [recompute] if recompute is not None else list(offered)
+    return cost.memory_bytes - max(
+        (cost.layers - 1 if r == "offload" and cost.offload_alone else cost.layers) * offered[r] for r in policies)
 
 
 @dataclass(slots=True)
@@ -206,7 +215,8 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
     while True:
         for i in range(len(s.costs), min(size, len(s.cands))):
             s.costs[i] = cost_candidate(s.req, s.cands[i], s.bounds[i])
-        kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i]) <= s.limit]
+        pinned = fixed.get("recompute")
+        kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i], pinned) <= s.limit]
         if kept:
             problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
                                   pinned_recompute=fixed.get("recompute"))
@@ -218,7 +228,7 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
                     sol = replace(sol, status="FEASIBLE", bound_s=min(sol.bound_s, bound_out))
                 return [s.cands[i] for i in kept], problem, sol
         if size >= len(s.cands):
-            raise infeasible(s.req, s.cands, s.costs, s.limit)
+            raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
         size *= 2
         say(f"window grows to {min(size, len(s.cands))} candidates")
 
@@ -263,7 +273,7 @@ def _finish(s: _Search, found: list, fixed: dict) -> tuple[Plan, ...]:
     evaluated = {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
     info = SolverInfo(status="EVALUATED" if evaluated else best_sol.status,
                       wall_s=time.perf_counter() - s.start, gap=best_sol.gap, candidates=len(s.cands),
-                      pruned=len(s.cands) - sum(min_memory(c) <= s.limit for c in s.costs.values()),
+                      pruned=len(s.cands) - sum(min_memory(c, fixed.get("recompute")) <= s.limit for c in s.costs.values()),
                       variables=best_sol.variables, constraints=best_sol.constraints, binding=binding(plans[0]),
                       **_intra_op_info(s.req, found[0][0]),
                       alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]), phases=dict(s.phases))

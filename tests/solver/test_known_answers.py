@@ -1,6 +1,8 @@
 """Cases where an expert knows the right plan."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import meshplan as mp
@@ -35,6 +37,18 @@ def test_too_big_model_says_what_would_fit() -> None:
         mp.autoparallelize("llama3-405b", "h100-sxm:1x8", global_batch=8, seq_len=8192)
     msg = str(err.value)
     assert "needs" in msg and "GB per GPU at best" in msg and "use at least" in msg and "GPUs" in msg
+
+
+def test_a_pinned_recompute_that_cannot_fit_names_what_it_needs() -> None:
+    """With recompute pinned, the memory quoted is that policy's, not full recompute's (which fits here:
+    the same job with recompute free picks it, test above), and the advice is to free the pin."""
+    with pytest.raises(ir.InfeasibleError) as err:
+        mp.autoparallelize("llama3-8b", "h100-sxm:1x8", global_batch=16, seq_len=8192,
+                           fixed={"tp": 1, "cp": 1, "micro_batch": 2, "recompute": "none"})
+    msg = str(err.value)
+    need, usable = (float(x) for x in re.search(r"needs ([\d.]+) GB per GPU at best .* has ([\d.]+) GB usable", msg).groups())
+    assert need > usable, msg
+    assert "recompute 'none' as pinned" in msg and "leave recompute free" in msg and "full recompute" not in msg
 
 
 def test_everything_pinned_evaluates_that_plan() -> None:
