@@ -1,13 +1,16 @@
 """Predict every published run of ``bench/data/reference_runs.csv`` with its published plan, in sample
 and leave-one-source-out.
 
-    python bench/reference_runs.py [--csv FILE] [--breakdown]
+    python bench/reference_runs.py [--csv FILE] [--breakdown] [--traced deepseek-v3,gpt-oss]
 
 Each row becomes a graph of its zoo family (``family``: ``gpt``, the default, with biases and a plain FFN;
 ``llama``, SwiGLU without biases; ``moe``, SwiGLU experts with ``moe_experts``, ``moe_topk`` and
 ``ffn_hidden`` one expert's; ``kv_heads`` for grouped-query attention; ``head_dim`` where heads are not
 hidden / heads wide (Qwen3); ``ep`` experts over a subgroup of dp; the cost model reads only
-``graph.dims`` and the parameter total), the plan the source published (tp, pp, dp, cp, vp, micro-batch (1
+``graph.dims`` and the parameter total; an architecture no family expresses, DeepSeek-V3's latent attention,
+shared expert and leading dense layers or GPT-OSS's sliding windows and softmax sinks, is built from its Hugging
+Face config in ``data/models`` on the meta device and traced by meshplan's frontend as a user's model is,
+``ARCHITECTURES``), the plan the source published (tp, pp, dp, cp, vp, micro-batch (1
 when absent), recompute, ZeRO stage, ``dtype``: bf16 when empty, fp8 and mxfp8 as ``float8``), on the
 accelerator preset of its ``gpu_type`` (``HARDWARE``), and the software the source ran
 (``cost_model.Software``: its attention kernel and what it overlaps; one description per source, never per
@@ -31,8 +34,8 @@ counts it (REFERENCE.md sec. 0):
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset (B300), a precision the
-cost model has no dtype for (NVFP4) or that the source does not state, an architecture ``zoo.ModelConfig``
-cannot express (MoE with MLA or shared experts, sliding-window attention, hybrid Mamba), experts spread over
+cost model has no dtype for (NVFP4) or that the source does not state, an architecture neither a zoo family
+nor a traced config expresses (hybrid Mamba), experts spread over
 more ranks than dp (Megatron's ep over tp x dp). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
 405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
@@ -79,10 +82,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,13 +151,14 @@ class Run:
     software: str  # the preset the row's program runs (``software_of``)
     publication: str  # the paper or README the row comes from (``publication``): the unit LOSO leaves out
     hardware: str  # the preset the row runs on
-    cfg: zoo.ModelConfig
+    cfg: zoo.ModelConfig | None  # None for an architecture traced from its config (``graph`` then)
     plan: ir.Plan
     cluster: Cluster
     unit: str  # "hw" (eq. 3 TFLOP/s), "model" (eq. 7 TFLOP/s), "palm" or "nemo" (TFLOP/s), "tok" (tokens/s/GPU)
     measured: float  # in ``unit``
     measured_step_s: float | None
     assumed: str  # what the row does not say and we assumed, or ""
+    graph: ir.Graph | None = None  # the traced graph of an architecture ``zoo.ModelConfig`` cannot express
 
 
 def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
@@ -161,6 +167,44 @@ def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
                         kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, experts=cfg.experts,
                         top_k=cfg.top_k, head_dim=cfg.head_dim)
     return ir.Graph(nodes=(), params=(ir.Param(name="all", shape=(zoo.param_count(cfg),)),), blocks=(), dims=dims)
+
+
+def run_graph(run: Run) -> ir.Graph:
+    """The graph a row is costed on: its traced architecture's, else its zoo family's."""
+    return run.graph if run.graph is not None else graph_of(run.cfg)
+
+
+# Architectures no zoo family expresses (MLA, shared experts, leading dense layers, sliding windows and softmax
+# sinks): the ``family`` cell's first word names a Hugging Face config in ``data/models`` (each cites the
+# configuration NVIDIA's recipes trained), built on the meta device and traced by meshplan's frontend as a
+# user's own model is (``meshplan.frontend.trace``), once per architecture.
+ARCHITECTURES = {"deepseek-v3": "deepseek-v3.json", "gpt-oss": "gpt-oss-120b.json"}
+
+# Pipeline layouts a recipe fixes for an architecture: Megatron-Bridge v0.2.0
+# src/megatron/bridge/recipes/deepseek/deepseek_v3.py ``layout_map``, layers per chunk for (pp, vp) with the
+# embedding in the first chunk and the loss (and MTP, none here) in the last. Other (pp, vp) of such a row
+# are split as evenly as the layers allow, the first chunks taking the extra layer (assumed, and said so).
+LAYOUTS = {("deepseek-v3", 4, 4): (4,) * 15 + (1,), ("deepseek-v3", 16, 1): (4,) * 15 + (1,),
+           ("deepseek-v3", 8, 2): (4,) * 15 + (1,), ("deepseek-v3", 4, 2): (8,) * 7 + (5,),
+           ("deepseek-v3", 8, 1): (8,) * 7 + (5,), ("deepseek-v3", 4, 1): (16, 16, 16, 13)}
+
+
+@functools.lru_cache(maxsize=None)
+def traced_architecture(name: str) -> tuple[ir.Graph, dict]:
+    """(graph, the plan's model dict) of ``ARCHITECTURES[name]``."""
+    import torch
+    import transformers
+
+    from meshplan.api import model_config
+    from meshplan.frontend import trace
+
+    fields = {k: v for k, v in json.loads((DATA / "models" / ARCHITECTURES[name]).read_text()).items()
+              if not k.startswith("_")}
+    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with torch.device("meta"):
+        module = transformers.AutoModelForCausalLM.from_config(config)
+    graph = trace(module, batch=1, seq_len=64)
+    return graph, model_config(module, graph, 64)
 
 
 def even_stages(layers: int, chunks: int) -> tuple[tuple[int, int], ...]:
@@ -258,12 +302,16 @@ def software_of(source: str, row: dict[str, str]) -> str:
     return SOFTWARE[source]
 
 
-def build_run(row: dict[str, str]) -> Run | str:
-    """The run of one CSV row, or why it cannot be predicted."""
+def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run | str:
+    """The run of one CSV row, or why it cannot be predicted. ``traced``: the ``ARCHITECTURES`` to trace
+    (default all; tracing DeepSeek-V3 takes about a minute)."""
     source = _source(row)
     family = _cell(row, "family") or "gpt"
-    if family not in zoo.FAMILIES:
+    architecture = family.split()[0]
+    if family not in zoo.FAMILIES and architecture not in ARCHITECTURES:
         return f"architecture not expressible by zoo.ModelConfig: {family}"
+    if architecture in ARCHITECTURES and traced is not None and architecture not in traced:
+        return f"architecture traced from its config, not traced in this run: {architecture}"
     gpu = row["gpu_type"].split()[0].split("-")[0]
     preset = HARDWARE.get(gpu + ("-40GB" if "40GB" in row["gpu_type"] else ""))
     if preset is None:
@@ -289,12 +337,18 @@ def build_run(row: dict[str, str]) -> Run | str:
         assumed.append(f"global batch {batch} (= 280 per pipeline, Table 3)")
     mb = _int(row["micro_batch"], 1)
     vp = _int(row["vp"], 1)
-    s, layers = int(row["seq_len"]), int(row["layers"])
-    cfg = zoo.ModelConfig(family=family, layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
-                          kv_heads=_int(_cell(row, "kv_heads"), 0), ffn_hidden=_int(row["ffn_hidden"], 0),
-                          vocab=int(row["vocab"]), max_seq_len=s, name=row["model"],
-                          experts=_int(_cell(row, "moe_experts"), 0), top_k=_int(_cell(row, "moe_topk"), 0),
-                          head_dim=_int(_cell(row, "head_dim"), 0))
+    s = int(row["seq_len"])
+    if architecture in ARCHITECTURES:
+        cfg, (graph, model) = None, traced_architecture(architecture)
+        layers = graph.dims.layers
+    else:
+        layers, graph = int(row["layers"]), None
+        cfg = zoo.ModelConfig(family=family, layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
+                              kv_heads=_int(_cell(row, "kv_heads"), 0), ffn_hidden=_int(row["ffn_hidden"], 0),
+                              vocab=int(row["vocab"]), max_seq_len=s, name=row["model"],
+                              experts=_int(_cell(row, "moe_experts"), 0), top_k=_int(_cell(row, "moe_topk"), 0),
+                              head_dim=_int(_cell(row, "head_dim"), 0))
+        model = cfg.to_dict()
     recompute, sp = _recompute(row, source, tp)
     zero = _int(row["zero_stage"], 1 if source in MCORE_LIKE else 0)  # mcore: --overlap-param-gather needs the
     if batch % (mb * dp):                                                # distributed optimizer (ZeRO-1)
@@ -306,6 +360,11 @@ def build_run(row: dict[str, str]) -> Run | str:
             stages = bounds(megatron_counts(layers, pp, vp, embedding=True, loss=True))
         except ir.PlanError as exc:
             return f"pipeline split not expressible: {exc}"
+    elif graph is not None and pp > 1:
+        layout = LAYOUTS.get((architecture, pp, vp))
+        if layout is None:
+            assumed.append(f"{layers} layers split as evenly as they go over pp {pp} x vp {vp} (no published layout)")
+        stages = bounds(layout) if layout is not None else even_stages(layers, pp * vp)
     elif vp > 1 and layers % (pp * vp):
         return f"{layers} layers do not split into pp({pp}) * vp({vp}) chunks"
     else:
@@ -318,7 +377,7 @@ def build_run(row: dict[str, str]) -> Run | str:
     per_node = base.gpus_per_node
     cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
     try:
-        plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=batch, seq_len=s,
+        plan = ir.Plan(model=model, cluster=cluster.spec, global_batch=batch, seq_len=s,
                        mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
                        micro_batch_size=mb, num_microbatches=batch // (mb * dp),
                        schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
@@ -345,7 +404,8 @@ def build_run(row: dict[str, str]) -> Run | str:
         return "no measurement"
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
     return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
-               plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed))
+               plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
+               graph=graph)
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}
@@ -378,17 +438,17 @@ class Result:
         return self.predicted / self.run.measured - 1
 
 
-def evaluate(csv_path: Path) -> tuple[list[Result], list[str]]:
-    """Every predictable row's result, and a line per skipped row saying why."""
+def evaluate(csv_path: Path, traced: Collection[str] | None = None) -> tuple[list[Result], list[str]]:
+    """Every predictable row's result, and a line per skipped row saying why (``traced``: ``build_run``'s)."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     results, skipped = [], []
     for line, row in enumerate(rows, 2):
-        run = build_run(row)
+        run = build_run(row, traced)
         if isinstance(run, str):
             skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
             continue
-        pred = estimate(graph_of(run.cfg), run.cluster, run.plan, software=software_named(run.software))
+        pred = estimate(run_graph(run), run.cluster, run.plan, software=software_named(run.software))
         results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))
     return results, skipped
 
@@ -491,8 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", type=Path, default=DATA / "reference_runs.csv")
     ap.add_argument("--breakdown", action="store_true", help="also print each row's time breakdown")
+    ap.add_argument("--traced", default=",".join(ARCHITECTURES),
+                    help="the architectures to trace from bench/data/models (comma-separated; default all)")
     args = ap.parse_args(argv)
-    results, skipped = evaluate(args.csv)
+    results, skipped = evaluate(args.csv, traced={a for a in args.traced.split(",") if a})
     print(f"{'row':<46} {'software':<21} {'plan':<30} {'unit':<5} {'pred':>7} {'meas':>7} {'err':>7}  memory")
     for res in results:
         print(_line(res))
