@@ -125,12 +125,12 @@ def test_an_architecture_no_zoo_family_expresses_is_traced_from_its_config(resul
     # traced on meta; the row is costed on that graph: 36 blocks, 128 experts (top 4), 64 heads of 64 on 2880
     bench, found, _ = results
     rows = [r for r in found if r.run.label.startswith("GPT OSS 120B")]
-    assert len(rows) == 4 and all(r.run.cfg is None and r.run.graph is rows[0].run.graph for r in rows)
+    assert len(rows) >= 4 and all(r.run.cfg is None and r.run.graph is rows[0].run.graph for r in rows)
     dims = rows[0].run.graph.dims
     assert (dims.family, dims.layers, dims.hidden, dims.heads, dims.head_dim, dims.experts, dims.top_k) == \
         ("moe", 36, 2880, 64, 64, 128, 4)
     assert 115e9 < rows[0].run.graph.param_count < 121e9  # "120B" (116.8B: openai/gpt-oss-120b model card)
-    r = next(r for r in rows if "GB200" in r.run.label)
+    r = next(r for r in rows if r.run.label.startswith("GPT OSS 120B (GB200 BF16, 25.11)"))
     assert (r.run.plan.mesh.ep, r.run.plan.mesh.dp, r.run.plan.model["family"]) == (64, 64, "moe")
     assert r.prediction.step_time_s > 0 and math.isfinite(r.error)
     # the 4 layers per chunk Megatron-Bridge's DeepSeek-V3 recipe lays out over pp 4 x vp 4 (61 = 15 x 4 + 1)
