@@ -211,7 +211,12 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
             layer = per["none"]
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
-    if plan.dtype == "float8" and plan.zero_stage < 3:
+    if plan.dtype == "float8" and software.fp8_param_gather and plan.zero_stage == 1:
+        # FP8 weights (Software.fp8_param_gather): 1 byte a parameter where the 16-bit copy would be, plus the
+        # transposed / columnwise copy the backward takes (1 byte, cached for the step)
+        states["params"] *= 1.0 / STATE_BYTES[state_dtype][0]
+        buffers += 1.0 * (params.dense + params.expert)
+    elif plan.dtype == "float8" and plan.zero_stage < 3:
         # Transformer Engine caches each weight's FP8 copy (rowwise and, on Hopper, transposed: 2 bytes a
         # parameter) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
         buffers += 2.0 * (params.dense + params.expert)

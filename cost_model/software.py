@@ -112,6 +112,19 @@ Fields:
   communication time"), so a layer's copy costs only what exceeds its compute. Else the copies run in
   order on the compute stream and cost their whole time: meshplan's runtime offloads with PyTorch's
   ``torch.autograd.graph.save_on_cpu``, whose pack is a blocking ``copy_`` into pinned memory.
+* ``fp8_param_gather``: under FP8 the weights are kept as FP8 tensors, not 16-bit ones with an FP8 copy
+  (Megatron-Core ``--fp8-param-gather``: "Keep the compute param in fp8 (do not use any other intermediate
+  dtype) and perform the param all-gather in fp8", megatron/training/arguments.py; Transformer Engine's
+  ``fp8_model_init``): 1 byte a parameter at rest and on the wire of ZeRO's parameter all-gather, and the
+  FP8 copy TE would cache for the step is the parameter itself, plus the one transposed (Hopper) or
+  columnwise (MXFP8) copy the backward needs, 1 byte more. The fp32 master weights stay in the optimizer.
+  Megatron takes it with its distributed optimizer only (ZeRO-1 here: arguments.py asserts the distributed
+  optimizer or an FSDP, and turns it off under torch FSDP2 with TE >= 2.0, which ``meshplan export`` maps
+  ZeRO-3 to), so it applies to ZeRO-1 plans. NVIDIA's perf recipes set it for every FP8 recipe:
+  Megatron-Bridge ``bf16_with_fp8_current_scaling_mixed``, ``bf16_with_fp8_delayed_scaling_mixed`` and
+  ``bf16_with_mxfp8_mixed`` (src/megatron/bridge/training/mixed_precision.py @067f987df0:
+  ``cfg.fp8_param_gather = True``), which ``_perf_precision`` returns; ``meshplan export --to megatron``
+  passes ``--fp8-param-gather`` with an FP8 ZeRO-1 plan, so both Megatron-Core presets carry it.
 * ``fused_cross_entropy``: the loss is one fused kernel over the 16-bit logits (FlashAttention's
   ``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it work for bfloat16
   and support in-place backward to save memory", csrc/xentropy/README.md in Dao-AILab/flash-attention):
@@ -165,6 +178,7 @@ class Software:
     overlap_slowdown: float = 0.189
     fused_cross_entropy: bool = False
     offload_overlap: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -218,7 +232,8 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 # bf16 gradients reduced in fp32 (forced for bf16 in the same file).
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
-                              fp32_grad_reduce=True, search_space="megatron", offload_overlap=True)
+                              fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
+                              fp8_param_gather=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

@@ -55,6 +55,9 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # megatron/core/transformer/transformer_config.py: fp8 (--fp8-format) e4m3 | hybrid; fp8_recipe defaults to
     # delayed (the recipe the cost model prices: layer_cost.fp8_cast_bytes)
     "--fp8-format": ("fp8", "str", ("e4m3", "hybrid")),
+    # "Keep the compute param in fp8 (do not use any other intermediate dtype) and perform the param all-gather
+    # in fp8"; only with the distributed optimizer (ZeRO-1 here), as arguments.py asserts
+    "--fp8-param-gather": ("fp8_param_gather", "true", ()),
     "--num-layers": ("num_layers", "int", ()),
     "--hidden-size": ("hidden_size", "int", ()),
     "--ffn-hidden-size": ("ffn_hidden_size", "int", ()),
@@ -176,6 +179,8 @@ def to_megatron(plan: Plan) -> str:
     args += _memory_args(plan)
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"]}.get(
         plan.dtype, [])  # FP8 GEMMs under Transformer Engine, bf16 elsewhere
+    if plan.dtype == "float8" and plan.zero_stage == 1:
+        args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
     args += _model_args(plan)
     lines, i = [], 0
     while i < len(args):

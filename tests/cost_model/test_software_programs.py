@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from meshplan import ir
+from meshplan import ir, zoo
 from meshplan.cost_model import (DEFAULT_SOFTWARE, Cluster, LayerShape, Software, collective_time, estimate,
                                  flat_collective_time, layer_activation_bytes, layer_cost,
                                  plain_attention_fwd_bwd_s, software_named)
@@ -410,3 +410,32 @@ def test_a_fused_cross_entropy_moves_4_bytes_a_logit_each_way_not_18() -> None:
     saved_b = memory_time_s(accel, 18 * logits + 2 * norm, 8) - memory_time_s(accel, 4 * logits + 2 * norm, 8)
     assert cost[upcast.name].fwd_compute_s - cost[foundry.name].fwd_compute_s == pytest.approx(saved_f)
     assert cost[upcast.name].bwd_compute_s - cost[foundry.name].bwd_compute_s == pytest.approx(saved_b)
+
+
+def test_fp8_weights_take_one_byte_at_rest_and_on_the_wire_where_the_program_gathers_them_in_fp8(
+        make_graph, make_plan) -> None:
+    """NVIDIA's perf recipes keep FP8 weights (Megatron-Core --fp8-param-gather): per parameter 1 byte where the
+    16-bit copy would be and 1 for the transposed copy the backward takes, against 2 + 2 (the 16-bit weight and
+    TE's cached FP8 copies); the distributed optimizer's parameter all-gather moves 1 byte, not 2. Gradients,
+    the fp32 optimizer state and the activations do not move; BF16 plans are untouched."""
+    from meshplan.cost_model.footprint import ALLOCATOR_FRACTION
+
+    cfg = zoo.config("llama3-8b")
+    cluster = Cluster.preset("h100-sxm", nodes=2)
+    plan = make_plan(cfg, cluster, global_batch=64, seq_len=4096, tp=2, dp=8, zero=1, sp=True, dtype="float8")
+    recipes = software_named("megatron-core-perf-recipes")
+    assert recipes.fp8_param_gather and software_named("megatron-core-2024").fp8_param_gather
+    assert not DEFAULT_SOFTWARE.fp8_param_gather
+    cached = dataclasses.replace(recipes, name="recipes-without-fp8-params", fp8_param_gather=False)
+    graph = make_graph(cfg)
+    fp8w, bf16w = (estimate(graph, cluster, plan, software=s) for s in (recipes, cached))
+    params = bf16w.memory_bytes["params"] / 2  # parameters on one GPU (2 bytes each in bf16)
+    assert fp8w.memory_bytes["params"] == pytest.approx(params)
+    assert all(fp8w.memory_bytes[k] == bf16w.memory_bytes[k] for k in ("grads", "optimizer", "activations"))
+    # the cached FP8 copies: 2 bytes a parameter -> 1; the allocator's share of the whole 2-byte saving goes too
+    saved = bf16w.peak_memory_bytes - fp8w.peak_memory_bytes
+    assert saved == pytest.approx(2 * params * (1 + ALLOCATOR_FRACTION))
+    assert fp8w.comm_bytes["dp"] < bf16w.comm_bytes["dp"]
+    # BF16 plans, and ZeRO-3 ones (Megatron takes the flag with its distributed optimizer only), are untouched
+    for other in (dataclasses.replace(plan, dtype="bfloat16"), dataclasses.replace(plan, zero_stage=3)):
+        assert estimate(graph, cluster, other, software=recipes) == estimate(graph, cluster, other, software=cached)

@@ -165,3 +165,15 @@ def test_offloading_exports_to_megatron_only_as_its_config_allows():
         export(off, "torchtitan")
     with pytest.raises(ir.InvalidPlanError, match="activation offloading"):
         export(off, "deepspeed")
+
+
+def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatron():
+    """--fp8-param-gather with --fp8-format for a ZeRO-1 plan (the distributed optimizer: Megatron asserts it),
+    the FP8 weights the Megatron-Core presets price (Software.fp8_param_gather); not for bf16 or ZeRO-3."""
+    dense = plan("dense")
+    fp8 = dataclasses.replace(dense, dtype="float8", zero_stage=1)
+    args = megatron.parse(export(fp8, "megatron"))
+    assert args.fp8 == "hybrid" and args.fp8_param_gather and args.use_distributed_optimizer
+    assert not megatron.parse(export(dataclasses.replace(fp8, dtype="bfloat16"), "megatron")).fp8_param_gather
+    zero3 = dataclasses.replace(_no_recompute(plan("zero3")), dtype="float8")
+    assert not megatron.parse(export(zero3, "megatron")).fp8_param_gather
