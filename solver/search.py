@@ -210,6 +210,19 @@ def _bounded(req: Request, start: float) -> _Search:
                    limit=preds[0].memory_limit_bytes, start=start)
 
 
+def _first_that_fits(s: _Search, kept: list[int], pinned: str | None, bound_out: float):
+    """When time ran out before the program found a plan: the first candidate in bound order whose own
+    program (one candidate: its recompute counts alone) has a solution, reported FEASIBLE with the lower
+    bound of every candidate still in the race, so the gap says how far from proven it is."""
+    for i in kept:
+        one = ilp.Problem(costs=(s.costs[i],), memory_limit_bytes=s.limit, pinned_recompute=pinned)
+        sol = ilp.solve(one, time_limit_s=5.0)
+        if sol.candidate >= 0:
+            bound = min(s.bounds[kept[0]].step_time_s, bound_out)
+            return [s.cands[i]], one, replace(sol, status="FEASIBLE", bound_s=min(bound, sol.objective_s))
+    raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
+
+
 def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
     size = WINDOW
     while True:
@@ -227,6 +240,8 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
                 if sol.objective_s > bound_out:
                     sol = replace(sol, status="FEASIBLE", bound_s=min(sol.bound_s, bound_out))
                 return [s.cands[i] for i in kept], problem, sol
+            if sol.candidate < 0 and left <= 0:  # out of time before the program found any plan
+                return _first_that_fits(s, kept, pinned, bound_out)
         if size >= len(s.cands):
             raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
         size *= 2
