@@ -26,7 +26,7 @@ import csv
 import time
 from dataclasses import replace
 
-from reference_runs import DATA, build_run, run_graph
+from reference_runs import DATA, build_run
 
 from meshplan import ir, solver
 from meshplan.cost_model import estimate, software_named
@@ -66,7 +66,7 @@ def expert_run(row: dict[str, str]):
     first, last = _optional(row, "first_stage_layers"), _optional(row, "last_stage_layers")
     try:
         if plan.mesh.pp > 1 and (uneven or first is not None or last is not None):
-            layers = run_graph(run).dims.layers
+            layers = run.graph.dims.layers
             counts = (megatron_counts(layers, plan.mesh.pp, vp, first=first, last=last)
                       if first is not None or last is not None
                       else megatron_counts(layers, plan.mesh.pp, vp, embedding=True, loss=True))
@@ -82,7 +82,7 @@ def compare(run, runtime: frozenset | None, time_limit_s: float) -> tuple[str, s
     """Both plans costed as the row's program in its dtype (``meshplan plan --software``); the search offers
     what that program runs (Megatron-Core's options for the framework presets, meshplan runtime's for the
     presets derived from it) unless ``runtime`` says otherwise."""
-    graph, software = run_graph(run), software_named(run.software)
+    graph, software = run.graph, software_named(run.software)
     if runtime is None:
         runtime = MEGATRON if software.search_space == "megatron" else RUNTIME
     expert = estimate(graph, run.cluster, run.plan, software=software)

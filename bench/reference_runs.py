@@ -151,14 +151,14 @@ class Run:
     software: str  # the preset the row's program runs (``software_of``)
     publication: str  # the paper or README the row comes from (``publication``): the unit LOSO leaves out
     hardware: str  # the preset the row runs on
-    cfg: zoo.ModelConfig | None  # None for an architecture traced from its config (``graph`` then)
+    cfg: zoo.ModelConfig | None  # None for an architecture traced from its config
     plan: ir.Plan
     cluster: Cluster
     unit: str  # "hw" (eq. 3 TFLOP/s), "model" (eq. 7 TFLOP/s), "palm" or "nemo" (TFLOP/s), "tok" (tokens/s/GPU)
     measured: float  # in ``unit``
     measured_step_s: float | None
     assumed: str  # what the row does not say and we assumed, or ""
-    graph: ir.Graph | None = None  # the traced graph of an architecture ``zoo.ModelConfig`` cannot express
+    graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
 def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
@@ -167,11 +167,6 @@ def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
                         kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, experts=cfg.experts,
                         top_k=cfg.top_k, head_dim=cfg.head_dim)
     return ir.Graph(nodes=(), params=(ir.Param(name="all", shape=(zoo.param_count(cfg),)),), blocks=(), dims=dims)
-
-
-def run_graph(run: Run) -> ir.Graph:
-    """The graph a row is costed on: its traced architecture's, else its zoo family's."""
-    return run.graph if run.graph is not None else graph_of(run.cfg)
 
 
 # Architectures no zoo family expresses (MLA, shared experts, leading dense layers, sliding windows and softmax
@@ -345,13 +340,13 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
             return f"architecture traced from its config, not traced in this run: {architecture} needs {exc.name}"
         layers = graph.dims.layers
     else:
-        layers, graph = int(row["layers"]), None
+        layers = int(row["layers"])
         cfg = zoo.ModelConfig(family=family, layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
                               kv_heads=_int(_cell(row, "kv_heads"), 0), ffn_hidden=_int(row["ffn_hidden"], 0),
                               vocab=int(row["vocab"]), max_seq_len=s, name=row["model"],
                               experts=_int(_cell(row, "moe_experts"), 0), top_k=_int(_cell(row, "moe_topk"), 0),
                               head_dim=_int(_cell(row, "head_dim"), 0))
-        model = cfg.to_dict()
+        graph, model = graph_of(cfg), cfg.to_dict()
     recompute, sp = _recompute(row, source, tp)
     zero = _int(row["zero_stage"], 1 if source in MCORE_LIKE else 0)  # mcore: --overlap-param-gather needs the
     if batch % (mb * dp):                                                # distributed optimizer (ZeRO-1)
@@ -363,7 +358,7 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
             stages = bounds(megatron_counts(layers, pp, vp, embedding=True, loss=True))
         except ir.PlanError as exc:
             return f"pipeline split not expressible: {exc}"
-    elif graph is not None and pp > 1:
+    elif cfg is None and pp > 1:  # a traced architecture
         layout = LAYOUTS.get((architecture, pp, vp))
         if layout is None:
             assumed.append(f"{layers} layers split as evenly as they go over pp {pp} x vp {vp} (no published layout)")
@@ -451,7 +446,7 @@ def evaluate(csv_path: Path, traced: Collection[str] | None = None) -> tuple[lis
         if isinstance(run, str):
             skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
             continue
-        pred = estimate(run_graph(run), run.cluster, run.plan, software=software_named(run.software))
+        pred = estimate(run.graph, run.cluster, run.plan, software=software_named(run.software))
         results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))
     return results, skipped
 

@@ -175,7 +175,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     parallelism a program with ``software.fsdp_under_pipeline`` runs FSDP2 as ``_pipelined_ops`` says."""
     param_b, grad_b, _ = STATE_BYTES[dtype]
     grad_b = 4 if software.fp32_grad_reduce else grad_b
-    if dtype == "float8" and software.fp8_param_gather and zero_stage == 1:
+    if software.keeps_fp8_weights(dtype, zero_stage):
         param_b = 1  # FP8 weights, all-gathered in FP8 after the step (Software.fp8_param_gather)
     replicas = mesh.dp * mesh.cp
     groups = [(params.dense, replicas, mesh.tp), (params.expert, replicas // mesh.ep, mesh.tp * mesh.ep)]

@@ -211,7 +211,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
             layer = per["none"]
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
-    if plan.dtype == "float8" and software.fp8_param_gather and plan.zero_stage == 1:
+    if software.keeps_fp8_weights(plan.dtype, plan.zero_stage):
         # FP8 weights (Software.fp8_param_gather): 1 byte a parameter where the 16-bit copy would be, plus the
         # transposed / columnwise copy the backward takes (1 byte, cached for the step)
         states["params"] *= 1.0 / STATE_BYTES[state_dtype][0]

@@ -197,6 +197,11 @@ class Software:
         """Whether this program runs dropout in a model of ``family`` (``dropout``: GPT only)."""
         return self.dropout and family == "gpt"
 
+    def keeps_fp8_weights(self, dtype: str, zero_stage: int) -> bool:
+        """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8 (``fp8_param_gather``: with
+        the distributed optimizer, ZeRO-1, only)."""
+        return self.fp8_param_gather and dtype == "float8" and zero_stage == 1
+
 
 # meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their
 # reductions with the backward and FSDP2 prefetches the next layer (and copies parameters out of,

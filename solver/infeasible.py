@@ -24,15 +24,14 @@ def infeasible(req: "Request", cands: list, costs: dict, limit: float, recompute
     i = min(costs, key=lambda j: min_memory(costs[j], recompute))
     need = min_memory(costs[i], recompute)
     name = req.model.get("name") or req.graph.dims.family
+    if recompute is not None and not math.isfinite(need):
+        return InfeasibleError(f"{name}: no candidate on {req.cluster.spec} offers recompute {recompute!r} as pinned "
+                               "(offloading needs a host link and a program that runs it); pin another policy or "
+                               "leave recompute free")
     if recompute is not None:
-        how = f"recompute {recompute!r} as pinned" if math.isfinite(need) else ""
-        if not how:
-            return InfeasibleError(f"{name}: no candidate on {req.cluster.spec} offers recompute {recompute!r} as pinned "
-                                   "(offloading needs a host link and a program that runs it); pin another policy or "
-                                   "leave recompute free")
         return InfeasibleError(
-            f"{name} needs {need / GB:.1f} GB per GPU at best ({cands[i].describe()}, {how}) but a "
-            f"{req.cluster.accelerator.name} has {limit / GB:.1f} GB usable on {req.cluster.spec}; leave recompute "
+            f"{name} needs {need / GB:.1f} GB per GPU at best ({cands[i].describe()}, recompute {recompute!r} as "
+            f"pinned) but a {req.cluster.accelerator.name} has {limit / GB:.1f} GB usable on {req.cluster.spec}; leave recompute "
             "free (or pin 'full'), use more GPUs, or a smaller micro-batch or sequence")
     gpus = gpus_that_fit(req)
     hint = f"use at least {gpus} GPUs" if gpus else f"no {req.cluster.name} cluster up to {MAX_NODES} nodes fits it"

@@ -214,25 +214,24 @@ def _first_that_fits(s: _Search, kept: list[int], pinned: str | None, bound_out:
     """When time ran out before the program found a plan: the first candidate in bound order whose own
     program (one candidate: its recompute counts alone) has a solution, reported FEASIBLE with the lower
     bound of every candidate still in the race, so the gap says how far from proven it is."""
+    bound = min(s.bounds[kept[0]].step_time_s, bound_out)
     for i in kept:
         one = ilp.Problem(costs=(s.costs[i],), memory_limit_bytes=s.limit, pinned_recompute=pinned)
         sol = ilp.solve(one, time_limit_s=5.0)
         if sol.candidate >= 0:
-            bound = min(s.bounds[kept[0]].step_time_s, bound_out)
             return [s.cands[i]], one, replace(sol, status="FEASIBLE", bound_s=min(bound, sol.objective_s))
     raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
 
 
 def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
-    size = WINDOW
+    size, pinned = WINDOW, fixed.get("recompute")
     while True:
         for i in range(len(s.costs), min(size, len(s.cands))):
             s.costs[i] = cost_candidate(s.req, s.cands[i], s.bounds[i])
-        pinned = fixed.get("recompute")
         kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i], pinned) <= s.limit]
         if kept:
             problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
-                                  pinned_recompute=fixed.get("recompute"))
+                                  pinned_recompute=pinned)
             left = s.req.time_limit_s - (time.perf_counter() - s.start)
             sol = ilp.solve(problem, time_limit_s=max(left, 0.5))
             bound_out = s.bounds[size].step_time_s if size < len(s.cands) else float("inf")
