@@ -97,10 +97,13 @@ class DataParallelCost:
     compute_per_step_s: float = 0.0  # the same, once per step (DP, ZeRO-1)
 
 
-def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int, replicated: float = 0.0) -> RankParams:
-    """``replicated``: parameters per layer a plan keeps whole over tp (``estimate.replicated_sublayers``)."""
+def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int, replicated: float = 0.0, *,
+                expert_tp: bool) -> RankParams:
+    """``replicated``: parameters per layer a plan keeps whole over tp (``estimate.replicated_sublayers``);
+    ``expert_tp``: the experts are split over tp as well as ep (``Software.expert_tp``), else whole on every
+    tp rank."""
     per_layer = (summary.tp_params - replicated) / tp + replicated + summary.norm_params
-    experts = summary.expert_params / (tp * ep)
+    experts = summary.expert_params / ((tp if expert_tp else 1) * ep)
     edges = [per_layer + experts]
     dense = layers.layers * per_layer
     if layers.first:

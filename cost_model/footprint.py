@@ -190,7 +190,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     ``activations``: the rank's activation bytes when the caller has them (a model without blocks,
     ``graph_cost.graph_memory``), else priced per layer here."""
     mesh = plan.mesh
-    params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims))
+    params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims),
+                         expert_tp=software.expert_tp)
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     state_dtype = _state_dtype(plan.dtype, software)

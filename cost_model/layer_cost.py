@@ -117,9 +117,17 @@ def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], .
     else:
         local_experts = max(d.experts // shape.ep, 1)
         per_expert = m * d.top_k / local_experts  # balanced routing
+        fe = f / expert_split(shape)
         mm += [(m, d.experts, h, 1),  # router
-               (per_expert, f / t, h, 2 * local_experts), (per_expert, h, f / t, local_experts)]
+               (per_expert, fe, h, 2 * local_experts), (per_expert, h, fe, local_experts)]
     return tuple(mm)
+
+
+def expert_split(shape: LayerShape) -> int:
+    """How many ways each expert's FFN is split over the tp ranks: tp where the program shards experts like
+    the dense MLP (``Software.expert_tp``, Megatron-Core), else 1 (meshplan's runtime keeps them whole on
+    every tp rank, which runs the whole MoE)."""
+    return shape.tp if shape.software.expert_tp else 1
 
 
 def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
@@ -128,7 +136,7 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     whole = m * d.hidden * ab / (t if shape.sp else 1)  # an (m, h) tensor, sharded by SP only
     attn = m * q_width(d) * ab / t  # q or the attention output, inside the TP region
     kv = m * kv_width(d) * ab / t
-    ffn = m * d.ffn_hidden * ab / t
+    ffn = m * d.ffn_hidden * ab / (t if d.family != "moe" else expert_split(shape))
     masks = whole / 2 if shape.software.drops_out(d.family) else 0.0  # two 1-byte dropout masks
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
@@ -155,7 +163,7 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     d, m, t = shape.dims, shape.tokens, shape.tp
     whole = m * d.hidden / (t if shape.sp else 1)
     q, kv = m * q_width(d) / t, m * kv_width(d) / t
-    f = m * d.ffn_hidden / t * (d.top_k if d.family == "moe" else 1)
+    f = m * d.ffn_hidden * (d.top_k / expert_split(shape) if d.family == "moe" else 1 / t)
     up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
     inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
     grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)

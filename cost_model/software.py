@@ -132,6 +132,12 @@ Fields:
   the logits in that dtype (a new tensor unless ``inplace_backward``): 2 bytes a logit kept and 2
   transient under bf16, where an upcast log-softmax keeps 4 and holds 8 more at its backward
   (``memory.logits_bytes``).
+* ``expert_tp``: under TP the experts' FFNs are split over the tp ranks as the dense MLP is, each rank
+  computing 1/tp of every local expert on the tokens of its TP group (Megatron-Core with
+  ``--expert-tensor-parallel-size`` equal to ``--tensor-model-parallel-size``, which ``meshplan export
+  --to megatron`` passes); else each tp rank keeps its experts whole and runs the whole MoE on the whole
+  sequence (meshplan's runtime: ``codegen/tp_plans.py`` leaves the router and experts replicated over tp,
+  splitting attention only), so TP shrinks neither the experts' weights nor their FLOPs.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -179,6 +185,7 @@ class Software:
     fused_cross_entropy: bool = False
     offload_overlap: bool = False
     fp8_param_gather: bool = False
+    expert_tp: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -238,7 +245,7 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
-                              fp8_param_gather=True)
+                              fp8_param_gather=True, expert_tp=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

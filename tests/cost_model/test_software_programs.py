@@ -10,6 +10,7 @@ from meshplan import ir, zoo
 from meshplan.cost_model import (DEFAULT_SOFTWARE, Cluster, LayerShape, Software, collective_time, estimate,
                                  flat_collective_time, layer_activation_bytes, layer_cost,
                                  plain_attention_fwd_bwd_s, software_named)
+from meshplan.cost_model.layer_cost import layer_matmuls
 
 A100 = Cluster.preset("a100-80gb")
 MEGATRON = software_named("megatron-lm-2021")
@@ -439,3 +440,28 @@ def test_fp8_weights_take_one_byte_at_rest_and_on_the_wire_where_the_program_gat
     # BF16 plans, and ZeRO-3 ones (Megatron takes the flag with its distributed optimizer only), are untouched
     for other in (dataclasses.replace(plan, dtype="bfloat16"), dataclasses.replace(plan, zero_stage=3)):
         assert estimate(graph, cluster, other, software=recipes) == estimate(graph, cluster, other, software=cached)
+
+
+def test_tp_splits_the_experts_only_where_the_program_does(make_graph, make_plan) -> None:
+    """meshplan's runtime keeps the experts whole on every tp rank (codegen/tp_plans.py): TP shrinks neither
+    their weights nor their FLOPs there. Megatron-Core splits them over tp (``Software.expert_tp``; the
+    export passes --expert-tensor-parallel-size = tp): weights and expert GEMMs per rank halve at tp 2."""
+    cfg = zoo.config("mixtral-8x7b")
+    dims = make_graph(cfg).dims
+    cluster = Cluster.preset("h100-sxm", nodes=2)
+    megatron = software_named("megatron-core-2024")
+    assert megatron.expert_tp and not DEFAULT_SOFTWARE.expert_tp
+
+    def expert_flops(software: Software, tp: int) -> float:  # the experts' GEMMs, the layer's last two kinds
+        shape = LayerShape(dims=dims, micro_batch=1, seq_len=4096, tp=tp, ep=4, sp=tp > 1, software=software)
+        return sum(2 * m * n * k * count for m, n, k, count in layer_matmuls(shape)[-2:])
+
+    assert expert_flops(megatron, 2) == pytest.approx(expert_flops(megatron, 1) / 2)
+    assert expert_flops(DEFAULT_SOFTWARE, 2) == pytest.approx(expert_flops(DEFAULT_SOFTWARE, 1))
+
+    def expert_param_bytes(software: Software, tp: int) -> float:
+        plan = make_plan(cfg, cluster, global_batch=64, seq_len=4096, tp=tp, dp=16 // tp, ep=4, sp=tp > 1)
+        return estimate(make_graph(cfg), cluster, plan, software=software).memory_bytes["params"]
+
+    assert expert_param_bytes(megatron, 2) < 0.6 * expert_param_bytes(megatron, 1)
+    assert expert_param_bytes(DEFAULT_SOFTWARE, 2) > 0.9 * expert_param_bytes(DEFAULT_SOFTWARE, 1)

@@ -95,6 +95,8 @@ def test_megatron_reads_the_plan(kind):
     assert a.sequence_parallel == p.sequence_parallel
     assert a.use_distributed_optimizer == (p.zero_stage in (1, 2)) and a.bf16 == (p.dtype == "bfloat16")
     assert a.num_layers == p.layers and a.num_experts == (p.model.get("experts") or None)
+    if m.ep > 1:  # the experts' tp split the Megatron-Core presets price (Software.expert_tp)
+        assert a.expert_tensor_parallel_size == m.tp
     counts = [b - f for f, b in p.stages] if p.stages else [p.layers]
     if a.pipeline_model_parallel_layout:  # chunk i = "E"? "t*n" "L"?, i % pp the rank (Megatron's layout)
         chunks = a.pipeline_model_parallel_layout.split("|")
