@@ -1,17 +1,23 @@
-"""The fast path: trace two layers of a deep model and copy the second for the rest.
+"""The fast path: trace a few layers of a deep model and copy them for the rest.
 
 Tracing cost grows with depth (about 7 s for an 80-layer Llama on meta, DESIGN.md), while a
-model's repeated layers are usually one layer many times. When every child of the model's one
-ModuleList or ModuleDict (anywhere in the tree: ``model.layers``, ``transformer.h``) has the same
-structure (``layer_structure``: classes, parameter and buffer shapes, plain attributes such as
-``head_dim``, no hooks; an int attribute equal to the layer's own index, as Hugging Face's
-``layer_idx`` for the KV cache, counts as the same), the frontend traces a shallow copy that keeps
-only the first two layers. Layer 1 is the one copied: it reads the output of a layer, as layers
-2..L-1 do. Its nodes are renamed for each layer k (``layers.1`` -> ``layers.k``, and the inputs it
-reads from ``layers.0`` -> ``layers.{k-1}``; a ModuleDict's own keys take the place of the
-indices), and the nodes after the layers read the last layer.
-The copy is taken only when layers 0 and 1 traced to the same kind of block and each traced as one
-contiguous run of nodes; otherwise the caller traces the whole model.
+model's repeated layers are usually one layer many times, or a short pattern many times after a
+few leading layers: GPT-OSS alternates sliding-window and full attention (``config.layer_types``),
+Gemma runs five local layers to a global one, DeepSeek-V3 has three dense layers before 58 MoE ones.
+The children of the model's one ModuleList or ModuleDict (anywhere in the tree: ``model.layers``,
+``transformer.h``) are compared by structure (``layer_structure``: classes, parameter and buffer
+shapes, plain attributes such as ``head_dim`` or ``sliding_window``, no hooks; an int attribute equal to
+the layer's own index, as Hugging Face's ``layer_idx`` for the KV cache, counts as the same).
+``layer_pattern`` finds the fewest ``prefix`` layers and the shortest ``period`` after them such that
+layer i >= prefix is like layer prefix + (i - prefix) % period (a uniform stack: prefix 0, period 1),
+and the frontend traces a shallow copy that keeps only the first prefix + 2 * period layers. The second
+period is the one copied: each of its layers reads the output of a layer like itself, as the later
+layers do. Layer k takes the nodes of traced layer t = prefix + period + (k - prefix) % period, renamed
+(``layers.t`` -> ``layers.k``, and the inputs it reads from ``layers.{t-1}`` -> ``layers.{k-1}``; a
+ModuleDict's own keys take the place of the indices), and the nodes after the layers read the last layer.
+The copy is taken only when each layer of the second period traced to the same kind of block as its
+twin in the first and every traced layer is one contiguous run of nodes, in order; otherwise the
+caller traces the whole model.
 """
 from __future__ import annotations
 
@@ -73,8 +79,33 @@ def layer_structure(layer: nn.Module, index_keys: frozenset[tuple[str, str]] = f
     return tuple(parts)
 
 
-def fast_path_list(lists: Sequence[tuple[str, Container]]) -> str | None:
-    """The path of the one ModuleList or ModuleDict whose >= 3 children are all alike, or None."""
+def layer_pattern(kinds: Sequence[int]) -> tuple[int, int] | None:
+    """(prefix, period) with the fewest layers to trace, prefix + 2 * period, such that ``kinds[i]`` equals
+    ``kinds[prefix + (i - prefix) % period]`` for every i >= prefix; None when that trace would not be
+    shorter than the whole stack."""
+    n = len(kinds)
+    for traced in range(2, n):
+        for period in range(1, traced // 2 + 1):
+            prefix = traced - 2 * period
+            if all(kinds[i] == kinds[prefix + (i - prefix) % period] for i in range(prefix, n)):
+                return prefix, period
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FastPath:
+    list_path: str  # the ModuleList or ModuleDict whose layers are copied
+    prefix: int  # leading layers traced once
+    period: int  # layers of the repeated pattern
+
+    @property
+    def traced(self) -> int:
+        return self.prefix + 2 * self.period
+
+
+def fast_path_list(lists: Sequence[tuple[str, Container]]) -> FastPath | None:
+    """The one ModuleList or ModuleDict whose >= 3 children follow a pattern (``layer_pattern``) that
+    tracing fewer of them can copy, or None."""
     if len(lists) != 1:
         return None
     path, container = lists[0]
@@ -82,10 +113,12 @@ def fast_path_list(lists: Sequence[tuple[str, Container]]) -> str | None:
     if not path or len(layers) < 3:
         return None
     index_keys = _index_keys(layers)
-    first = layer_structure(layers[0], index_keys)
-    if first is None or any(layer_structure(layer, index_keys) != first for layer in layers[1:]):
+    structures = [layer_structure(layer, index_keys) for layer in layers]
+    if any(st is None for st in structures):
         return None
-    return path
+    ids: dict[tuple, int] = {}
+    pattern = layer_pattern([ids.setdefault(st, len(ids)) for st in structures])
+    return None if pattern is None else FastPath(path, *pattern)
 
 
 def _shallow(module: nn.Module) -> nn.Module:
@@ -128,23 +161,27 @@ def _span(nodes: Sequence[Node], layer: str, scopes: frozenset[str]) -> range | 
     return range(at[0], at[-1] + 1) if at and at == list(range(at[0], at[-1] + 1)) else None
 
 
-def replicate(nodes: Sequence[Node], layers: Sequence[str], classes: Sequence[type]) -> tuple[Node, ...] | None:
-    """The nodes of a two-layer trace (``layers[0]``, ``layers[1]``) extended to every path of ``layers``,
-    or None when the two traced layers differ or are not contiguous (module docstring)."""
-    first, second = layers[0], layers[1]
-    scopes = frozenset((first, second))
-    span0, span1 = _span(nodes, first, scopes), _span(nodes, second, scopes)
-    if span0 is None or span1 is None or span0.stop != span1.start:
+def replicate(nodes: Sequence[Node], layers: Sequence[str], classes: Sequence[type], prefix: int = 0,
+              period: int = 1) -> tuple[Node, ...] | None:
+    """The nodes of a trace of ``layers[:prefix + 2 * period]`` extended to every path of ``layers``, or None
+    when a layer of the second period differs from its twin in the first or the traced layers are not
+    contiguous and in order (module docstring)."""
+    traced = prefix + 2 * period
+    scopes = frozenset(layers[:traced])
+    spans = [_span(nodes, layer, scopes) for layer in layers[:traced]]
+    if any(sp is None for sp in spans) or any(a.stop != b.start for a, b in zip(spans, spans[1:])):
         return None
-    grouped = group_by_layer(nodes, (first, second))
-    signatures = [block_signature(layer, cls, grouped[layer], ()) for layer, cls in zip((first, second), classes)]
-    if signatures[0] != signatures[1]:
+    grouped = group_by_layer(nodes, layers[:traced])
+    signatures = [block_signature(layer, cls, grouped[layer], ()) for layer, cls in zip(layers[:traced], classes)]
+    if signatures[prefix:prefix + period] != signatures[prefix + period:traced]:
         return None
-    out = list(nodes[:span1.stop])
-    for k in range(2, len(layers)):
-        reads = (first, layers[k - 1])
-        out += [_rebase_node(n, second, layers[k], reads) for n in nodes[span1.start:span1.stop]]
-    last = layers[-1]
-    out += [dataclasses.replace(n, inputs=tuple(rebase(i, second, last) or i for i in n.inputs))
-            for n in nodes[span1.stop:]]
+    end = spans[-1].stop
+    out = list(nodes[:end])
+    for k in range(traced, len(layers)):
+        t = prefix + period + (k - prefix) % period
+        reads = (layers[t - 1], layers[k - 1])
+        out += [_rebase_node(n, layers[t], layers[k], reads) for n in nodes[spans[t].start:spans[t].stop]]
+    before, last = layers[traced - 1], layers[-1]
+    out += [dataclasses.replace(n, inputs=tuple(rebase(i, before, last) or i for i in n.inputs))
+            for n in nodes[end:]]
     return tuple(out)

@@ -1,8 +1,9 @@
 """``trace``: an ``nn.Module`` -> an ``ir.Graph`` with its ``ModelStructure``.
 
 The model takes (batch, seq) token ids, Hugging Face keywords, or the user's example inputs
-(``inputs``). The order: find the repeated layers; when they are all alike, export a copy with two
-of them and replicate the second (``fastpath``), else export the whole model; lower the aten graph
+(``inputs``). The order: find the repeated layers; when they follow a pattern (all alike, or a short
+period after a few leading layers), export a copy with the leading layers and two periods and
+replicate the second (``fastpath``), else export the whole model; lower the aten graph
 to IR nodes (``lower``); group the nodes into blocks with kinds (``blocks``); list every parameter
 of the user's model; find the role of each module by dataflow (``structure``); take the dimensions
 from the model's config or the graph (``dims``). The model is never run on real data and never
@@ -50,13 +51,14 @@ def _trace_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], input
 def _fast_nodes(model: nn.Module, lists: Sequence[tuple[str, Container]], inputs: Inputs,
                 rules: Mapping[str, LeafRule], calls: dict[str, str] | None = None
                 ) -> tuple[tuple[Node, ...], Mapping[str, LeafCost]] | None:
-    """Nodes of the whole model from a two-layer trace, or None when the fast path does not apply."""
-    list_path = fast_path_list(lists)
-    if list_path is None:
+    """Nodes of the whole model from a trace of a few of its layers (``fastpath``), or None when the fast
+    path does not apply."""
+    fast = fast_path_list(lists)
+    if fast is None:
         return None
-    short = truncated(model, list_path, keep=2)
+    short = truncated(model, fast.list_path, keep=fast.traced)
     nodes, costs = _trace_nodes(short, repeated_lists(short), inputs, rules, calls)
-    full = replicate(nodes, layer_paths(lists), _layer_classes(lists))
+    full = replicate(nodes, layer_paths(lists), _layer_classes(lists), fast.prefix, fast.period)
     return None if full is None else (full, costs)
 
 
