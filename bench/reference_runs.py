@@ -299,7 +299,7 @@ def software_of(source: str, row: dict[str, str]) -> str:
 
 def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted. ``traced``: the ``ARCHITECTURES`` to trace
-    (default all; tracing DeepSeek-V3 takes about a minute)."""
+    (default all; tracing DeepSeek-V3 takes about 10 s)."""
     source = _source(row)
     family = _cell(row, "family") or "gpt"
     architecture = family.split()[0]

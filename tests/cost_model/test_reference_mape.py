@@ -39,7 +39,7 @@ def results():
     bench = _bench()
     csv_path = bench.DATA / "reference_runs.csv"
     assert csv_path.is_file(), f"{csv_path} belongs to the repository"
-    found, skipped = bench.evaluate(csv_path, traced={"gpt-oss"})  # DeepSeek-V3 traces in a minute: the bench's
+    found, skipped = bench.evaluate(csv_path, traced={"gpt-oss"})  # DeepSeek-V3 (10 s more to trace): the bench's
     return bench, found, skipped
 
 
