@@ -33,7 +33,7 @@ counts it (REFERENCE.md sec. 0):
   compared as tokens/s per GPU.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
-or one whose axes do not multiply to the GPUs, an accelerator without a preset (B300), a precision the
+or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
 cost model has no dtype for (NVFP4) or that the source does not state, an architecture neither a zoo family
 nor a traced config expresses (hybrid Mamba), experts spread over
 more ranks than dp (Megatron's ep over tp x dp). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
@@ -135,9 +135,9 @@ SOFTWARE = {
     "foundry": "llm-foundry-2023",
 }
 
-# The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset (GB300, B300) is skipped.
+# The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
 HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72",
-            "GB300": "gb300-nvl72"}
+            "GB300": "gb300-nvl72", "B300": "b300"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
 # Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 has no dtype in the cost model.
