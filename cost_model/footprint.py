@@ -94,11 +94,12 @@ def _activations(summary: ModelSummary, plan: Plan, layers: RankLayers, software
         kept, transient = logits_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size,
                                        tp=1 if whole else mesh.tp, cp=mesh.cp,
                                        loss_parallel=mesh.tp > 1 and runs_loss_parallel(software),
-                                       fused=software.fused_cross_entropy, dtype=plan.dtype)
+                                       kind=software.cross_entropy, dtype=plan.dtype)
         # the logits themselves, in the compute dtype, stay alive: torch pipelining keeps the stage's output
         # until its backward, and the gathered 16-bit logits outlive their upcast (seen in a profile of the
-        # CPU runtime; not in fp32); a fused loss keeps them as its own saved input (counted in ``kept``)
-        if not software.fused_cross_entropy and (mesh.pp > 1 or (whole and plan.dtype != "float32")):
+        # CPU runtime; not in fp32); a fused loss keeps them as its own saved input or keeps their fp32 gradient
+        # instead (counted in ``kept``)
+        if software.cross_entropy == "upcast" and (mesh.pp > 1 or (whole and plan.dtype != "float32")):
             kept += kept / 4.0 * ACTIVATION_BYTES[plan.dtype]  # kept is the fp32 log-softmax: 4 bytes a logit
         if eager:
             kept += head_input_bytes(d, seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, cp=mesh.cp,

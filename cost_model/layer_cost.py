@@ -282,7 +282,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
     it after the position add). Output: the final norm, the logits matmul ``(m, h) @ (h, V/tp)``,
     and a cross-entropy in fp32 that reads and writes about 18 bytes per logit forward (bf16 read,
     fp32 upcast, log-softmax) and as many backward, or at the measured log-softmax rate where that
-    is slower (CPUs), or one fused kernel over the 16-bit logits (``Software.fused_cross_entropy``, 4
+    is slower (CPUs), or one fused kernel over the 16-bit logits (``Software.cross_entropy``: FlashAttention's, 4
     bytes a logit each way); under TP the hidden state is all-gathered (SP) or its gradient all-reduced.
     The cross-entropy is vocab-parallel (V/tp logits per rank: Megatron's, and meshplan's runtime's
     ``loss_parallel``, whose three per-token all-reduces are timed here); a software without it
@@ -311,10 +311,13 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
         logits = m * d.vocab / (1 if gathered else tp)  # the loss's
         norm = (4 if d.family == "gpt" else 8) * whole
-        # a fused cross-entropy (Software.fused_cross_entropy: FlashAttention's xentropy kernel, from Apex's)
-        # reads the 16-bit logits twice forward (the row's max, then its sum of exponentials) and once
-        # backward, writing their gradient: 4 bytes a logit each way at bf16
-        loss_f, loss_b = (2 * ab, 2 * ab) if shape.software.fused_cross_entropy else (18, 18)
+        # bytes a logit the loss moves (Software.cross_entropy): FlashAttention's xentropy kernel reads the
+        # 16-bit logits twice forward (the row's max, then its sum of exponentials) and once backward, writing
+        # their gradient: 4 bytes a logit each way at bf16; Transformer Engine's reads them twice forward and
+        # writes their fp32 gradient, which its backward scales in place (read, write) and autograd casts to
+        # the logits' dtype (read, write): 8 forward, 14 backward at bf16
+        loss_f, loss_b = {"flash": (2 * ab, 2 * ab), "te": (2 * ab + 4, 4 + 4 + 4 + ab)}.get(
+            shape.software.cross_entropy, (18, 18))
         fwd += f + memory_time_s(accel, loss_f * logits + norm, 6)
         bwd += b + memory_time_s(accel, loss_b * logits + 2 * norm, 8)
         fwd += transcendental_excess_s(accel, "log_softmax", logits, 2 * 4 * logits)  # fp32 r + w

@@ -197,7 +197,7 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
 
 
 def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp: int,
-                 loss_parallel: bool = False, fused: bool = False, dtype: str = "bfloat16") -> tuple[float, float]:
+                 loss_parallel: bool = False, kind: str = "upcast", dtype: str = "bfloat16") -> tuple[float, float]:
     """(kept, transient) bytes of the output layer and loss for one micro-batch (``zoo.loss_fn``:
     cross-entropy of the logits upcast to fp32, i.e. log-softmax then NLL), whatever the compute dtype.
     Kept for the backward: the fp32 log-softmax output only; the logits (V/tp, vocab-parallel) are
@@ -216,11 +216,15 @@ def logits_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int, cp
     log-probabilities at its add, 12 bytes per element transient (a profile of TP4 on 4 gloo ranks saw
     four 8.4 MB tensors at the peak, inside ``nll_loss_backward``'s add).
 
-    ``fused``: one fused cross-entropy kernel (``Software.fused_cross_entropy``) keeps the logits in the
-    compute dtype (``dtype``) and writes one gradient of them in that dtype: no fp32 copy either way."""
+    ``kind``: ``Software.cross_entropy``. FlashAttention's fused kernel (``"flash"``) keeps the logits in the
+    compute dtype (``dtype``) and writes one gradient of them in that dtype: no fp32 copy either way.
+    Transformer Engine's (``"te"``) keeps the fp32 gradient its forward wrote, not the logits, and its
+    backward's result is cast to ``dtype``: 4 bytes kept, one cast transient."""
     elems = seq_len / cp * micro_batch * dims.vocab / tp
-    if fused:
+    if kind == "flash":
         return elems * ACTIVATION_BYTES[dtype], elems * ACTIVATION_BYTES[dtype]
+    if kind == "te":
+        return elems * 4.0, elems * ACTIVATION_BYTES[dtype]
     return elems * 4.0, elems * (12.0 if loss_parallel else 8.0)
 
 

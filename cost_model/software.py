@@ -125,13 +125,19 @@ Fields:
   ``bf16_with_mxfp8_mixed`` (src/megatron/bridge/training/mixed_precision.py @067f987df0:
   ``cfg.fp8_param_gather = True``), which ``_perf_precision`` returns; ``meshplan export --to megatron``
   passes ``--fp8-param-gather`` with an FP8 ZeRO-1 plan, so both Megatron-Core presets carry it.
-* ``fused_cross_entropy``: the loss is one fused kernel over the 16-bit logits (FlashAttention's
-  ``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it work for bfloat16
-  and support in-place backward to save memory", csrc/xentropy/README.md in Dao-AILab/flash-attention):
-  it saves the logits in their own dtype and one float per token, and its backward writes one gradient of
-  the logits in that dtype (a new tensor unless ``inplace_backward``): 2 bytes a logit kept and 2
-  transient under bf16, where an upcast log-softmax keeps 4 and holds 8 more at its backward
-  (``memory.logits_bytes``).
+* ``cross_entropy``: how the loss is computed over the logits. ``"upcast"``: log-softmax of the logits upcast
+  to fp32, then NLL (meshplan's runtime, ``zoo.loss_fn``). ``"flash"``: FlashAttention's fused kernel over
+  the 16-bit logits (``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it
+  work for bfloat16 and support in-place backward to save memory", csrc/xentropy/README.md in
+  Dao-AILab/flash-attention): it saves the logits in their own dtype and one float per token, and its
+  backward writes one gradient of the logits in that dtype: 2 bytes a logit kept and 2 transient under bf16,
+  where an upcast log-softmax keeps 4 and holds 8 more at its backward (``memory.logits_bytes``).
+  ``"te"``: Transformer Engine's Triton kernel (``transformer_engine/pytorch/cross_entropy.py``, Megatron's
+  ``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"``): its forward reads the logits twice
+  (``online_softmax_kernel``, then ``cross_entropy_kernel``) and writes their gradient in fp32
+  (``grad_input = torch.empty_like(_input, dtype=torch.float32)``), which it keeps instead of the logits;
+  its backward scales that gradient in place by the incoming one (``element_mul_kernel``) and autograd casts
+  it to the logits' dtype: 4 bytes a logit kept, 2 transient under bf16.
 * ``expert_tp``: under TP the experts' FFNs are split over the tp ranks as the dense MLP is, each rank
   computing 1/tp of every local expert on the tokens of its TP group (Megatron-Core with
   ``--expert-tensor-parallel-size`` equal to ``--tensor-model-parallel-size``, which ``meshplan export
@@ -153,6 +159,7 @@ from dataclasses import dataclass
 from ..ir.errors import PlanError
 
 ATTENTION = ("flash", "plain")
+CROSS_ENTROPY = ("upcast", "flash", "te")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +189,7 @@ class Software:
     selective_saves_matmuls: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
-    fused_cross_entropy: bool = False
+    cross_entropy: str = "upcast"
     offload_overlap: bool = False
     fp8_param_gather: bool = False
     expert_tp: bool = False
@@ -190,6 +197,9 @@ class Software:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
             raise PlanError(f"software {self.name!r}: attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise PlanError(f"software {self.name!r}: cross_entropy must be one of {CROSS_ENTROPY}, "
+                            f"got {self.cross_entropy!r}")
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
             raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
                             f"got {self.zero3_prefetch_params!r}")
@@ -250,9 +260,11 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and
 # ``_perf_precision`` (src/megatron/bridge/perf_recipes/_common.py @067f987df0), NeMo
-# ``set_precision_configs`` (scripts/performance/helpers.py @8cfedd7203).
+# ``set_precision_configs`` (scripts/performance/helpers.py @8cfedd7203); and the loss is Transformer Engine's
+# fused cross-entropy: ``_benchmark_common`` sets ``cross_entropy_fusion_impl`` to "te" (its default) and
+# Megatron-Bridge's ``GPTModelProvider`` turns ``cross_entropy_loss_fusion`` on (models/gpt_provider.py).
 MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
-                                                 fp32_grad_reduce=False)
+                                                 fp32_grad_reduce=False, cross_entropy="te")
 
 # MosaicML llm-foundry v0.3.0 as its MPT benchmark tables ran it (scripts/train/benchmarking/README.md
 # @b2a43a147, 2023-10-19; submit_benchmarks.py and sweep.sh there): Composer 0.16 with PyTorch FSDP1
@@ -268,7 +280,7 @@ MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megat
 # no benchmark yaml overrides (only mpt-small-cpu.yaml and testing.yaml set torch_crossentropy), and the gpu
 # extra installs its xentropy kernel (setup.py: xentropy-cuda-lib from flash-attention's csrc/xentropy).
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
-                                       zero_copy_buffers=False, eager_modules=False, fused_cross_entropy=True)
+                                       zero_copy_buffers=False, eager_modules=False, cross_entropy="flash")
 
 # The same program with Composer's FSDP mixed precision PURE (bf16 parameters gathered, gradients reduced in
 # bf16; the sharded parameters FSDP1 keeps stay fp32): llm-foundry's tables before b2a43a147 (the A100 40GB

@@ -381,8 +381,8 @@ def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_no_fp32_copy(make_gra
     cluster = Cluster.preset("h100-sxm", nodes=1)
     plan = make_plan(cfg, cluster, global_batch=32, seq_len=512, dp=8, zero=3)
     foundry = software_named("llm-foundry-2023")
-    assert foundry.fused_cross_entropy and not DEFAULT_SOFTWARE.fused_cross_entropy
-    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", fused_cross_entropy=False)
+    assert foundry.cross_entropy == "flash" and DEFAULT_SOFTWARE.cross_entropy == "upcast"
+    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", cross_entropy="upcast")
     fused_mem = estimate(make_graph(cfg), cluster, plan, software=foundry).memory_bytes
     upcast_mem = estimate(make_graph(cfg), cluster, plan, software=upcast).memory_bytes
     logits = plan.micro_batch_size * 512 * 32768
@@ -401,7 +401,7 @@ def test_a_fused_cross_entropy_moves_4_bytes_a_logit_each_way_not_18() -> None:
     dims = ir.ModelDims(family="gpt", layers=2, hidden=768, heads=12, kv_heads=12, ffn_hidden=3072, vocab=50368)
     cluster = Cluster.preset("a100-80gb", nodes=1)
     foundry = software_named("llm-foundry-2023")
-    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", fused_cross_entropy=False)
+    upcast = dataclasses.replace(foundry, name="foundry-upcast-loss", cross_entropy="upcast")
     cost = {sw.name: edge_cost(LayerShape(dims=dims, micro_batch=32, seq_len=2048, software=sw), cluster,
                                first=False, last=True) for sw in (foundry, upcast)}
     logits = 32 * 2048 * 50368
@@ -465,3 +465,36 @@ def test_tp_splits_the_experts_only_where_the_program_does(make_graph, make_plan
 
     assert expert_param_bytes(megatron, 2) < 0.6 * expert_param_bytes(megatron, 1)
     assert expert_param_bytes(DEFAULT_SOFTWARE, 2) > 0.9 * expert_param_bytes(DEFAULT_SOFTWARE, 1)
+
+
+def test_transformer_engines_cross_entropy_keeps_the_fp32_gradient_not_the_logits(make_graph, make_plan) -> None:
+    """NVIDIA's perf recipes run Transformer Engine's fused loss (Software.cross_entropy "te"): its forward
+    writes the fp32 gradient of the logits and keeps it (4 bytes a logit), and its backward's cast to bf16 is
+    the only transient (2), where the upcast log-softmax keeps 4 and holds 8 more; its traffic is 8 bytes a
+    logit forward (two reads of the 16-bit logits, the fp32 write) and 14 backward (the in-place scale, the
+    cast), against 18 and 18."""
+    from meshplan.cost_model.kernels import memory_time_s
+    from meshplan.cost_model.layer_cost import edge_cost
+
+    perf = software_named("megatron-core-perf-recipes")
+    assert perf.cross_entropy == "te"
+    upcast = dataclasses.replace(perf, name="perf-upcast-loss", cross_entropy="upcast")
+    cfg = zoo.config("llama3-8b")
+    cluster = Cluster.preset("h100-sxm", nodes=1)
+    plan = make_plan(cfg, cluster, global_batch=16, seq_len=4096, dp=8, zero=1)
+    te_mem = estimate(make_graph(cfg), cluster, plan, software=perf).memory_bytes
+    up_mem = estimate(make_graph(cfg), cluster, plan, software=upcast).memory_bytes
+    logits = plan.micro_batch_size * 4096 * cfg.vocab
+    assert up_mem["activations"] - te_mem["activations"] == pytest.approx(logits * ((4 + 8) - (4 + 2)))
+    dims = make_graph(cfg).dims
+    cost = {sw.name: edge_cost(LayerShape(dims=dims, micro_batch=1, seq_len=4096, software=sw), cluster,
+                               first=False, last=True) for sw in (perf, upcast)}
+    accel, m = cluster.accelerator, 4096
+    norm = 8 * m * cfg.hidden * 2
+    saved_f = memory_time_s(accel, 18 * m * cfg.vocab + norm, 6) - memory_time_s(accel, 8 * m * cfg.vocab + norm, 6)
+    saved_b = (memory_time_s(accel, 18 * m * cfg.vocab + 2 * norm, 8)
+               - memory_time_s(accel, 14 * m * cfg.vocab + 2 * norm, 8))
+    assert cost[upcast.name].fwd_compute_s - cost[perf.name].fwd_compute_s == pytest.approx(saved_f)
+    assert cost[upcast.name].bwd_compute_s - cost[perf.name].bwd_compute_s == pytest.approx(saved_b)
+    with pytest.raises(ir.PlanError, match="cross_entropy must be one of"):
+        dataclasses.replace(perf, cross_entropy="fused")
