@@ -163,8 +163,8 @@ def plan_violations(data: Any, *, param_shapes: dict[str, tuple[int, ...]] | Non
     bad += _cluster_violations(data["cluster"], pp * dp * cp * tp)
     if g["micro_batch_size"] * g["num_microbatches"] * dp != data["global_batch"]:
         bad.append("micro_batch_size * num_microbatches * dp != global_batch")
-    if (dp * cp) % ep:
-        bad.append("ep does not divide dp * cp")
+    if (tp * dp * cp) % ep:
+        bad.append("ep does not divide tp * dp * cp")
     if g["sequence_parallel"] and tp == 1:
         bad.append("sequence_parallel with tp 1")
     if data["seq_len"] % (cp * (tp if g["sequence_parallel"] else 1)):

@@ -40,8 +40,10 @@ def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
         raise InvalidPlanError(f"expert parallelism splits the experts over ep ranks, but experts({experts}) "
                                f"does not divide by ep({m.ep}); use an ep that divides {experts}")
     if m.dp % m.ep:
+        folded = (" (it takes tp ranks too: Megatron-Core's MoE folding, which `meshplan export --to megatron` "
+                  "writes)" if m.ep_over_tp else "")
         raise InvalidPlanError(f"the runtime folds ep inside dp (context parallelism is not executed yet), but "
-                               f"ep({m.ep}) does not divide dp({m.dp}); use an ep that divides {m.dp}")
+                               f"ep({m.ep}) does not divide dp({m.dp}){folded}; use an ep that divides {m.dp}")
     if plan.zero_stage == 1:
         raise InvalidPlanError(f"zero_stage 1 with ep({m.ep}) > 1 is not supported by the runtime yet "
                                "(ZeroRedundancyOptimizer under DDP would mix the expert shards of all dp ranks); "

@@ -181,7 +181,10 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     if software.keeps_fp8_weights(dtype, zero_stage):
         param_b = 1  # FP8 weights, all-gathered in FP8 after the step (Software.fp8_param_gather)
     replicas = mesh.dp * mesh.cp
-    groups = [(params.dense, replicas, mesh.tp), (params.expert, replicas // mesh.ep, mesh.tp * mesh.ep)]
+    # each expert shard's replicas: dp * cp / ep of them at stride tp * ep, or, folded over tp
+    # (Mesh.ep_over_tp), tp * dp * cp / ep at stride ep
+    expert_stride = mesh.ep if mesh.ep_over_tp else mesh.tp * mesh.ep
+    groups = [(params.dense, replicas, mesh.tp), (params.expert, mesh.expert_replicas, expert_stride)]
     if zero_group and zero_stage >= 2:
         shard = zero_group * mesh.cp
         groups[0] = (params.dense, shard, mesh.tp)
@@ -273,7 +276,7 @@ def optimizer_step_s(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero_s
     """Seconds of the Adam step on one GPU's optimizer shard (memory-bound)."""
     replicas = mesh.dp * mesh.cp
     shard = params.dense / ((zero_group * mesh.cp if zero_group else replicas) if zero_stage >= 1 else 1)
-    shard += params.expert / (max(replicas // mesh.ep, 1) if zero_stage >= 1 else 1)
+    shard += params.expert / (max(mesh.expert_replicas, 1) if zero_stage >= 1 else 1)
     accel = cluster.accelerator
     moved_s = OPTIMIZER_BYTES_PER_PARAM * shard / (accel.memory_bw_Bps * accel.memory_efficiency)
     return moved_s + 20 * accel.kernel_overhead_s  # a handful of foreach kernels

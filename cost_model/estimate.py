@@ -90,6 +90,10 @@ def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
     if m.ep > 1 and dims.experts % m.ep:
         raise InvalidPlanError(f"ep({m.ep}) must divide experts({dims.experts}): {dims.experts} % {m.ep} = "
                                f"{dims.experts % m.ep}")
+    if m.ep_over_tp and not plan.sequence_parallel:
+        raise InvalidPlanError(f"ep({m.ep}) takes tp ranks (it does not divide dp * cp = {m.dp * m.cp}): each tp "
+                               "rank then routes its own slice of the sequence, which needs sequence_parallel "
+                               "(Megatron-Core requires it for MoE under TP)")
 
 
 def _with_replicated(layer: LayerCost, whole: LayerCost, shares: dict[str, tuple[float, float]],
@@ -121,7 +125,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
         fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
         moved["tp"] += edge.comm_bytes_fwd["tp"]
     params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep, replicated_params(plan, summary.dims),
-                         expert_tp=software.expert_tp)
+                         expert_tp=software.expert_tp and not plan.mesh.ep_over_tp)
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
                             microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)
@@ -179,7 +183,7 @@ def _optimizer_shard_params(params: RankParams, plan: Plan) -> float:
     if plan.zero_stage < 1:
         return params.dense + params.expert
     dense_group = plan.zero_group * mesh.cp if plan.zero_group else replicas
-    return params.dense / dense_group + params.expert / max(replicas // mesh.ep, 1)
+    return params.dense / dense_group + params.expert / max(mesh.expert_replicas, 1)
 
 
 def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: LayerShape,
@@ -255,8 +259,8 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     check_plan(dims, cluster, plan)
     mesh, m = plan.mesh, plan.num_microbatches
     shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
-                       ep=mesh.ep, sp=plan.sequence_parallel, dtype=plan.dtype, software=software,
-                       fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
+                       ep=mesh.ep, ep_over_tp=mesh.ep_over_tp, sp=plan.sequence_parallel, dtype=plan.dtype,
+                       software=software, fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
     ranks = _ranks(plan, dims.layers, cluster)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)

@@ -128,8 +128,8 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         total += 2 * act  # gathered / all-reduced activations in flight
     if mesh.pp > 1:
         total += 2 * plan.vp * act / (mesh.tp if plan.sequence_parallel else 1)  # send + receive
-    if d.family == "moe" and mesh.ep > 1:
-        total += 2 * act * d.top_k  # dispatch + combine
+    if d.family == "moe" and mesh.ep > 1:  # dispatch + combine (each tp rank its own tokens when ep takes tp ranks)
+        total += 2 * act * d.top_k / (mesh.tp if mesh.ep_over_tp else 1)
     if mesh.cp > 1:
         total += 2 * 2 * plan.micro_batch_size * plan.seq_len * kv_width(d) / mesh.tp * ab  # K,V and their grads
     param_b, grad_b = STATE_BYTES[plan.dtype][0], _unsharded_grad_bytes(plan.dtype, software)
@@ -192,14 +192,14 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     ``graph_cost.graph_memory``), else priced per layer here."""
     mesh = plan.mesh
     params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims),
-                         expert_tp=software.expert_tp)
+                         expert_tp=software.expert_tp and not mesh.ep_over_tp)
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     state_dtype = _state_dtype(plan.dtype, software)
     dense = state_bytes(params.dense, dp=shard_group, zero_stage=plan.zero_stage, dtype=state_dtype)
     if plan.zero_stage == 2 and runs_fsdp(mesh, 2, software):  # FSDP2 shards the parameters at rest too
         dense["params"] = state_bytes(params.dense, dp=shard_group, zero_stage=3, dtype=state_dtype)["params"]
-    expert = state_bytes(params.expert, dp=max(replicas // mesh.ep, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
+    expert = state_bytes(params.expert, dp=max(mesh.expert_replicas, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
     if software.fp32_grad_reduce and state_dtype != "float32":
         # Megatron's gradient buffers take the reduce dtype: fp32 main_grad for a 16-bit model

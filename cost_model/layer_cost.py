@@ -77,6 +77,7 @@ class LayerShape:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    ep_over_tp: bool = False  # the ep group takes tp ranks: experts whole, each tp rank's tokens (Mesh.ep_over_tp)
     sp: bool = False
     dtype: str = "bfloat16"
     software: Software = DEFAULT
@@ -116,7 +117,7 @@ def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], .
         mm += [(m, f / t, h, 2), (m, h, f / t, 1)]  # w1, w3; w2
     else:
         local_experts = max(d.experts // shape.ep, 1)
-        per_expert = m * d.top_k / local_experts  # balanced routing
+        per_expert = expert_tokens(shape) * d.top_k / local_experts  # balanced routing
         fe = f / expert_split(shape)
         mm += [(m, d.experts, h, 1),  # router
                (per_expert, fe, h, 2 * local_experts), (per_expert, h, fe, local_experts)]
@@ -126,8 +127,14 @@ def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], .
 def expert_split(shape: LayerShape) -> int:
     """How many ways each expert's FFN is split over the tp ranks: tp where the program shards experts like
     the dense MLP (``Software.expert_tp``, Megatron-Core), else 1 (meshplan's runtime keeps them whole on
-    every tp rank, which runs the whole MoE)."""
-    return shape.tp if shape.software.expert_tp else 1
+    every tp rank, which runs the whole MoE; and an ep group that takes tp ranks, ``ep_over_tp``)."""
+    return shape.tp if shape.software.expert_tp and not shape.ep_over_tp else 1
+
+
+def expert_tokens(shape: LayerShape) -> float:
+    """Tokens of one micro-batch whose routed copies leave this rank: the whole (m, h) activation, or with
+    the ep group over tp ranks (``ep_over_tp``, under SP) this tp rank's slice of the sequence."""
+    return shape.tokens / (shape.tp if shape.ep_over_tp else 1)
 
 
 def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
@@ -136,7 +143,8 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     whole = m * d.hidden * ab / (t if shape.sp else 1)  # an (m, h) tensor, sharded by SP only
     attn = m * q_width(d) * ab / t  # q or the attention output, inside the TP region
     kv = m * kv_width(d) * ab / t
-    ffn = m * d.ffn_hidden * ab / (t if d.family != "moe" else expert_split(shape))
+    ffn = (m * d.ffn_hidden * ab / t if d.family != "moe"
+           else expert_tokens(shape) * d.ffn_hidden * ab / expert_split(shape))
     masks = whole / 2 if shape.software.drops_out(d.family) else 0.0  # two 1-byte dropout masks
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
@@ -147,7 +155,7 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     kernels = 8 + 2 + 12 + 2 + 1
     if d.family == "llama":
         return moved + 5 * ffn, kernels + 2  # silu (r+w), product (2r+w)
-    routed = d.top_k * m * d.hidden * ab  # the k copies of each token
+    routed = d.top_k * expert_tokens(shape) * d.hidden * ab  # the k copies of each token
     moved += 5 * d.top_k * ffn + 5 * routed + m * d.experts * 10  # experts' silu*up, gather, combine; router
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
@@ -163,7 +171,8 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     d, m, t = shape.dims, shape.tokens, shape.tp
     whole = m * d.hidden / (t if shape.sp else 1)
     q, kv = m * q_width(d) / t, m * kv_width(d) / t
-    f = m * d.ffn_hidden * (d.top_k / expert_split(shape) if d.family == "moe" else 1 / t)
+    f = (expert_tokens(shape) * d.ffn_hidden * d.top_k / expert_split(shape) if d.family == "moe"
+         else m * d.ffn_hidden / t)
     up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
     inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
     grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)
@@ -247,9 +256,11 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
         hidden = min(tp_fwd_s, matmul_s_[0]) + min(tp_bwd_s, matmul_s_[1])
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0
-    if d.family == "moe" and ep > 1:
-        routed = act * d.top_k
-        ep_s, ep_b = 2 * collective_time("all-to-all", routed, ep, tp, cluster), 2 * bus_bytes("all-to-all", routed, ep)
+    if d.family == "moe" and ep > 1:  # ep ranks at stride tp, or consecutive when the group takes tp ranks
+        routed = act * d.top_k / (tp if shape.ep_over_tp else 1)
+        stride = 1 if shape.ep_over_tp else tp
+        ep_s, ep_b = (2 * collective_time("all-to-all", routed, ep, stride, cluster),
+                      2 * bus_bytes("all-to-all", routed, ep))
     kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.head_dim) * ab
     cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)

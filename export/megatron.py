@@ -172,8 +172,9 @@ def to_megatron(plan: Plan) -> str:
     m = plan.mesh
     args = ["--tensor-model-parallel-size", str(m.tp), *_pipeline_args(plan),
             "--context-parallel-size", str(m.cp), "--expert-model-parallel-size", str(m.ep)]
-    if m.ep > 1:  # experts split over tp as the dense MLP, as the Megatron-Core presets price them (expert_tp)
-        args += ["--expert-tensor-parallel-size", str(m.tp)]
+    if m.ep > 1:  # experts split over tp as the dense MLP (the Megatron-Core presets' expert_tp), or whole when
+        # the ep group takes tp ranks (MoE parallel folding: ir.Mesh.ep_over_tp)
+        args += ["--expert-tensor-parallel-size", "1" if m.ep_over_tp else str(m.tp)]
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
     args += _memory_args(plan)

@@ -3,8 +3,12 @@ solver got there. A frozen value that round-trips through JSON (schema ``meshpla
 loading validates every field and never executes code.
 
 Mesh axes are ``pp, dp, cp, tp, ep``. The world is ``pp * dp * cp * tp`` ranks; ``ep`` is folded
-inside ``dp * cp`` as in Megatron-Core (experts are sharded over a subgroup of the data ranks), so
-it must divide ``dp * cp``.
+inside them as in Megatron-Core (experts are sharded over a subgroup of the ranks that hold the same
+dense layers' shards). It takes its ranks from ``dp * cp`` when it divides that, the experts split over
+tp as the dense MLP is; otherwise (``Mesh.ep_over_tp``) from ``tp * dp * cp``, each expert whole on its
+ranks and the tp ranks' tokens routed apart: Megatron-Core's MoE parallel folding with
+``--expert-tensor-parallel-size 1`` (Liu et al. 2025, arXiv:2504.14960), as NVIDIA runs Qwen3-235B on
+H100 (tp 2, ep 32 on 256 GPUs). So ``ep`` must divide ``tp * dp * cp``.
 """
 from __future__ import annotations
 
@@ -50,14 +54,28 @@ class Mesh:
             size = getattr(self, axis)
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise InvalidPlanError(f"mesh.{axis} must be a positive integer, got {size!r}")
-        if (self.dp * self.cp) % self.ep:
+        if (self.tp * self.dp * self.cp) % self.ep:
             raise InvalidPlanError(
-                f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp}) = {self.dp * self.cp}: "
-                "experts are sharded over a subgroup of the data-parallel ranks")
+                f"ep({self.ep}) must divide tp({self.tp}) * dp({self.dp}) * cp({self.cp}) = "
+                f"{self.tp * self.dp * self.cp}: experts are sharded over a subgroup of the ranks of one "
+                "pipeline stage")
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def ep_over_tp(self) -> bool:
+        """Whether the expert-parallel group takes tp ranks too (``ep`` does not divide ``dp * cp``): each
+        expert whole on its ranks, every tp rank routing its own tokens (Megatron-Core's MoE folding with
+        expert tensor parallelism 1; module docstring)."""
+        return (self.dp * self.cp) % self.ep != 0
+
+    @property
+    def expert_replicas(self) -> int:
+        """Ranks of one pipeline stage holding the same experts: ``dp * cp / ep``, or ``tp * dp * cp / ep``
+        when the experts fold over tp (``ep_over_tp``)."""
+        return (self.tp if self.ep_over_tp else 1) * self.dp * self.cp // self.ep
 
     def __str__(self) -> str:
         parts = [f"{a}={getattr(self, a)}" for a in AXES if getattr(self, a) > 1]

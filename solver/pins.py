@@ -69,7 +69,8 @@ def _check_experts(dims: ModelDims, name: str, fixed: dict[str, Any], runtime: f
                               f"divisor of {dims.experts}")
     if "dp" in fixed and EP_OVER_CP not in runtime and fixed["dp"] % ep:
         raise InfeasibleError(f"fixed: ep={ep} does not divide dp={fixed['dp']}; expert ranks are taken from "
-                              "the data-parallel ranks: pin dp to a multiple of ep")
+                              "the data-parallel ranks: pin dp to a multiple of ep (Megatron-Core also folds ep "
+                              "over the tp ranks: --software megatron-core-2024 plans for that program)")
 
 
 def _check_sequence(seq_len: int, fixed: dict[str, Any]) -> None:

@@ -51,6 +51,7 @@ EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
 ZERO1_WITH_PP = "zero1_pp"  # ZeRO-1 (DDP + ZeroRedundancyOptimizer) beside pipeline parallelism
 ZERO3_WITH_ZB = "zero3_zb"  # ZeRO-3 under the zero-bubble schedule
 EP_OVER_CP = "ep_cp"  # ep ranks taken from cp as well as dp (the runtime folds ep inside dp only)
+EP_OVER_TP = "ep_tp"  # ep ranks taken from tp too, experts whole (Megatron-Core's MoE folding, ETP 1; ir.Mesh.ep_over_tp)
 CP_WITH_PP = "cp_pp"  # context parallelism beside pipeline parallelism
 CP_WITH_EP = "cp_ep"  # context parallelism beside expert parallelism
 OFFLOAD = "offload"  # a layer's saved activations kept in host memory (Recompute.OFFLOAD)
@@ -59,11 +60,13 @@ OFFLOAD_WITH_PP = "offload_pp"  # offloading under pipelining (Megatron-Core: "n
 OFFLOAD_WITH_RECOMPUTE = "offload_rc"  # with CPU offloading"); offloading beside recomputation (Megatron-Core:
 # "CPU offloading does not work when activation recomputation is enabled", TransformerConfig.__post_init__)
 # What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
-# optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts), PP
+# optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts, or folded
+# over the tp ranks with the experts whole), PP
 # with 1F1B and interleaved 1F1B, CP beside all of them, activation offloading (--cpu-offloading-num-layers);
 # not ZeRO-2, HSDP, GPipe or zero-bubble.
 MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", ZERO1_WITH_TP, ZERO1_WITH_EP,
-                      EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, CP_WITH_PP, CP_WITH_EP, OFFLOAD, OFFLOAD_WITH_TP})
+                      EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, EP_OVER_TP, CP_WITH_PP, CP_WITH_EP, OFFLOAD,
+                      OFFLOAD_WITH_TP})
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
@@ -211,20 +214,21 @@ def _meshes(dims: ModelDims, world: int, domain: int, seq_len: int, fixed: dict,
                                                                  and (cp == 1 or CP_WITH_PP in runtime))]
             for pp in pps:
                 dp = rest // cp // pp
-                for ep in _expert_degrees(dims, dp, cp, pp, runtime):
+                for ep in _expert_degrees(dims, dp, cp, pp, runtime, tp):
                     mesh = dict(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
                     if all(fixed.get(k, v) == v for k, v in mesh.items()):
                         yield mesh
 
 
-def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozenset) -> list[int]:
+def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozenset, tp: int = 1) -> list[int]:
     """ep degrees: divisors of the experts and of dp * cp (of dp alone, and without pp, where the
-    runtime says so)."""
+    runtime says so), or of tp * dp * cp where the program folds ep over tp (``EP_OVER_TP``)."""
     if not dims.experts or "ep" not in runtime or (pp > 1 and EP_WITH_PP not in runtime):
         return [1]
     if cp > 1 and CP_WITH_EP not in runtime:
         return [1]
-    return [e for e in divisors(dp * cp if EP_OVER_CP in runtime else dp) if dims.experts % e == 0]
+    ranks = (dp * cp if EP_OVER_CP in runtime else dp) * (tp if EP_OVER_TP in runtime else 1)
+    return [e for e in divisors(ranks) if dims.experts % e == 0]
 
 
 def _schedules(pp: int, layers: int, microbatches: int, fixed: dict,
@@ -253,6 +257,8 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 and "sp" in runtime else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
+        if (mesh["dp"] * mesh["cp"]) % mesh["ep"]:  # ep over tp ranks: each routes its own sequence slice
+            sps = tuple(sp for sp in sps if sp)
         zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z
                  and (z == 0 or mesh["dp"] * mesh["cp"] > 1)  # ZeRO shards over dp x cp
                  and not (z == 1 and mesh["tp"] > 1 and ZERO1_WITH_TP not in runtime)

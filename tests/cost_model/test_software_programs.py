@@ -498,3 +498,38 @@ def test_transformer_engines_cross_entropy_keeps_the_fp32_gradient_not_the_logit
     assert cost[upcast.name].bwd_compute_s - cost[perf.name].bwd_compute_s == pytest.approx(saved_b)
     with pytest.raises(ir.PlanError, match="cross_entropy must be one of"):
         dataclasses.replace(perf, cross_entropy="fused")
+
+
+def test_expert_parallelism_folded_over_tp_keeps_experts_whole_and_routes_each_ranks_slice(make_graph,
+                                                                                            make_plan) -> None:
+    """ep over tp ranks (ir.Mesh.ep_over_tp, Megatron-Core's MoE folding with expert tensor parallelism 1):
+    each rank holds ep-th of the experts whole, computes them on its own tp slice of the sequence (the same
+    FLOPs as splitting them over tp), and dispatches that slice only; the experts' replicas are
+    tp * dp / ep. Without sequence parallelism there is no slice to route: refused."""
+    cfg = zoo.config("mixtral-8x7b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm", nodes=1)
+    megatron = software_named("megatron-core-2024")
+    folded = make_plan(cfg, cluster, global_batch=32, seq_len=4096, tp=2, dp=4, ep=8, sp=True, zero=1)
+    inside = make_plan(cfg, cluster, global_batch=32, seq_len=4096, tp=2, dp=4, ep=4, sp=True, zero=1)
+    assert folded.mesh.ep_over_tp and not inside.mesh.ep_over_tp
+    assert (folded.mesh.expert_replicas, inside.mesh.expert_replicas) == (1, 1)
+    dims = graph.dims
+
+    def shape(mesh):
+        return LayerShape(dims=dims, micro_batch=1, seq_len=4096, tp=mesh.tp, ep=mesh.ep, ep_over_tp=mesh.ep_over_tp,
+                          sp=True, software=megatron)
+
+    def expert_flops(mesh):
+        return sum(2 * m * n * k * c for m, n, k, c in layer_matmuls(shape(mesh))[-2:])
+
+    assert expert_flops(folded.mesh) == pytest.approx(expert_flops(inside.mesh))  # 1/tp of the work either way
+    f_cost, i_cost = layer_cost(shape(folded.mesh), cluster), layer_cost(shape(inside.mesh), cluster)
+    assert f_cost.comm_bytes_fwd["ep"] < i_cost.comm_bytes_fwd["ep"]  # each tp rank sends its slice only
+    f_mem = estimate(graph, cluster, folded, software=megatron).memory_bytes
+    i_mem = estimate(graph, cluster, inside, software=megatron).memory_bytes
+    # 8 experts over ep 8, whole (1 expert) against 8 over ep 4 split over tp 2 (half of 2 experts): equal
+    assert f_mem["params"] == pytest.approx(i_mem["params"], rel=1e-6)
+    with pytest.raises(ir.InvalidPlanError, match="needs sequence_parallel"):
+        estimate(graph, cluster, dataclasses.replace(folded, sequence_parallel=False), software=megatron)
+    with pytest.raises(ir.InvalidPlanError, match=r"ep\(16\) must divide tp\(2\) \* dp\(4\) \* cp\(1\) = 8"):
+        ir.Mesh(tp=2, dp=4, ep=16)

@@ -70,7 +70,7 @@ def _good() -> dict:
     (lambda d: d["prediction"].pop("step_time_s"), "prediction.step_time_s: required field is missing"),
     (lambda d: d.update(param_layouts={"w": ["S(x)"] + ["R"] * 4}),
      "param_layouts['w'][0]: must be a placement: S(dim), R or P, got 'S(x)'"),
-    (lambda d: d.update(mesh={"dp": 4, "ep": 3}), "ep(3) must divide dp(4) * cp(1) = 4"),
+    (lambda d: d.update(mesh={"dp": 4, "ep": 3}), "ep(3) must divide tp(1) * dp(4) * cp(1) = 4"),
     (lambda d: d.update(zero_stage=3, zero_group=3), "dp(4) % zero_group(3) = 1"),
     (lambda d: d.update(zero_stage=3, zero_group=4), "zero_group(4) must be > 1, < dp(4)"),
     (lambda d: d.update(zero_stage=1, zero_group=2), "zero_group(2) needs zero_stage 2 or 3"),

@@ -54,3 +54,22 @@ def test_a_megatron_fp8_plan_exports_to_megatrons_own_flags() -> None:
     text = export(plan, "megatron")
     args = parser().parse_args(text.split("\n", 1)[1].replace("\\\n", " ").split())
     assert args.bf16 and args.fp8 == "hybrid" and args.tensor_model_parallel_size == plan.mesh.tp
+
+
+def test_megatron_folds_expert_parallelism_over_the_tp_ranks_and_meshplans_runtime_does_not() -> None:
+    """Megatron-Core's MoE parallel folding (expert tensor parallelism 1): the expert-parallel group may take
+    tp ranks, as NVIDIA runs Qwen3-235B on H100 (tp 2, dp 16, ep 32). The Megatron search offers it, the
+    plan exports with --expert-tensor-parallel-size 1, and meshplan's runtime, which folds ep inside dp only,
+    refuses it saying so."""
+    from meshplan.export import export, megatron
+
+    pins = dict(tp=2, dp=4, ep=8, pp=2, cp=1)
+    plan = plans("mixtral-8x7b", "h100-sxm:2x8", global_batch=32, seq_len=4096, top=1, time_limit_s=20,
+                 software="megatron-core-2024", fixed=pins)[0]
+    m = plan.mesh
+    assert (m.tp, m.dp, m.ep) == (2, 4, 8) and m.ep_over_tp and m.expert_replicas == 1
+    assert plan.sequence_parallel  # each tp rank routes its own slice of the sequence
+    args = megatron.parse(export(plan, "megatron"))
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (8, 1)
+    with pytest.raises(ir.InfeasibleError, match="folds ep over the tp ranks: --software megatron-core-2024"):
+        plans("mixtral-8x7b", "h100-sxm:2x8", global_batch=32, seq_len=4096, top=1, time_limit_s=20, fixed=pins)
