@@ -53,6 +53,8 @@ def test_ep_beside_tp_keeps_tp_innermost() -> None:
     (dict(dp=3, ep=3), "experts(4) does not divide by ep(3); use an ep that divides 4"),
     (dict(dp=4, ep=2, zero=1), "zero_stage 1 with ep(2) > 1 is not supported by the runtime yet"),
     (dict(dp=2, cp=2, ep=4), "context parallelism (cp=2) with expert parallelism (ep=4) is not supported"),
+    (dict(dp=2, tp=2, ep=4, sp=True), "ep(4) does not divide dp(2) (it takes tp ranks too: Megatron-Core's MoE "
+                                      "folding, which `meshplan export --to megatron` writes)"),
 ])
 def test_unsupported_expert_plans_say_why(kwargs, message) -> None:
     family = kwargs.pop("family", "moe")
