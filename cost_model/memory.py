@@ -15,9 +15,13 @@ Activations of one layer (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4), in
 bytes at 2 bytes per element, split into what tensor parallelism leaves whole (R) and what it
 shards (S), so that per layer ``bytes = s*b*h * (R / (t if sp else 1) + S / t)``:
 
-* R: two norm inputs 4, attention input 2, MLP input 2, two dropout masks 2 (only with dropout;
-  the zoo has none); MoE adds per routed token copy (k of them) the gathered expert input 2 and
-  the expert output 2, and the fp32 router probabilities 4E/h.
+* R: two norm inputs 4, attention input 2, MLP input 2 (under MoE the router's), two dropout masks 2
+  (only with dropout; the zoo has none); MoE adds per routed token copy (k of them) the gathered expert
+  input 2, and the fp32 router probabilities 4E/h. Not the experts' output: Megatron-Core multiplies the
+  routing probabilities into the experts' activation (``permuted_probs``, "Scaled activation", in
+  ``megatron/core/transformer/moe/experts.py``), so the combine (``unpermute`` in token_dispatcher.py, called
+  without probs) needs nothing saved and fc2 keeps only its input, counted in S. (meshplan's eager
+  program weighs the expert outputs in the combine and keeps them: ``eager_layer_bytes``.)
 * S: Q 2, K and V 2kv/h each (the fused attention takes grouped-query K and V as they are:
   Transformer Engine's ``DotProductAttention`` with ``num_gqa_groups``), projection input 2; rotary
   embeddings keep nothing (Megatron-Core's ``apply_rope_fusion``, on in Megatron-Bridge's Llama
@@ -65,23 +69,24 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True, dropo
     R is left whole by TP, S is sharded by TP, core is what the attention core alone saves.
 
     ``fp8``: Transformer Engine keeps a GEMM's quantized input (1 byte, the columnwise copy) instead of
-    the bf16 one (te.Linear / te.LayerNormLinear, ``linear.py`` and ``layernorm_linear.py``): the two
-    norm outputs and fc2's input halve; the projection's input is kept in bf16 by the attention
-    core and, under TE's default delayed-scaling recipe, once more as an FP8 copy (``save_original_input``
-    is refused there), 1 byte more."""
+    the bf16 one (te.Linear / te.LayerNormLinear / te.GroupedLinear, ``linear.py``, ``layernorm_linear.py``,
+    ``grouped_linear.py``): the two norm outputs and fc2's input halve; the projection's input is kept in
+    bf16 by the attention core and, under TE's default delayed-scaling recipe, once more as an FP8 copy
+    (``save_original_input`` is refused there), 1 byte more. Under MoE the MLP's norm output feeds the
+    router, a plain GEMM that keeps it in bf16; the k gathered expert inputs halve instead."""
     h, f, a = dims.hidden, dims.ffn_hidden, dims.heads
     whole = 8.0 + (2.0 if dropout else 0.0)
     sharded = (4.0 * q_width(dims) + 4.0 * kv_width(dims)) / h  # Q, projection input; K, V at their own width
     if dims.family == "gpt":
         sharded += 4.0 * f / h
     elif dims.family == "moe":
-        whole += 4.0 * dims.top_k + 4.0 * dims.experts / h
+        whole += 2.0 * dims.top_k + 4.0 * dims.experts / h
         sharded += dims.top_k * 6.0 * f / h
     else:
         sharded += 6.0 * f / h
     core = 4.0 * a / h if flash else (2.0 + (3.0 if dropout else 0.0)) * a * seq_len / h
-    if fp8:
-        whole -= 2.0  # the QKV and fc1 inputs (norm outputs), 1 byte each
+    if fp8:  # the QKV and fc1 inputs (norm outputs) at 1 byte each; under MoE the router's stays, the
+        whole -= 2.0 if dims.family != "moe" else 1.0 + dims.top_k  # k expert inputs halve
         sharded += (q_width(dims) - (dims.top_k if dims.family == "moe" else 1) * f) / h  # proj copy; fc2 input
     return whole, sharded, core
 

@@ -5,6 +5,7 @@ import pytest
 
 from meshplan import ir
 from meshplan.cost_model import layer_activation_bytes, logits_bytes
+from meshplan.cost_model.memory import activation_units
 
 # (hidden, heads, layers, seq, micro-batch, tp): their 22B and 175B configurations (table 3)
 CONFIGS = [(6144, 64, 48, 2048, 4, 8), (12288, 96, 96, 2048, 1, 8)]
@@ -93,3 +94,19 @@ def test_selective_recompute_as_meshplan_runs_it_keeps_the_matmul_outputs() -> N
             full = layer_activation_bytes(dims, seq_len=s, micro_batch=b, tp=tp, sp=sp, recompute="full")
             assert full < selective <= none, (dims.family, tp, sp)
             assert matmul_save_units(dims, tp=tp, sp=sp) > 0
+
+
+def test_megatron_moe_keeps_each_routed_copys_input_but_not_its_output() -> None:
+    """Megatron-Core's MoE layer (Korthikanti's count): per routed copy the gathered expert input (2 bytes an
+    element, R) and the SwiGLU's and fc2's inputs (6f/h, S); the probabilities are multiplied into the
+    activation, so no expert output is kept for the combine. Under FP8 each GEMM input is kept as TE's FP8
+    copy: the QKV norm output and the k expert inputs halve, the router's input (the MLP norm output) does not."""
+    k, e, h, f = 8, 128, 2048, 768
+    qwen3_30b = ir.ModelDims(family="moe", layers=48, hidden=h, heads=32, kv_heads=4, ffn_hidden=f, vocab=151936,
+                             experts=e, top_k=k, head_dim=128)
+    whole, sharded, _ = activation_units(qwen3_30b, seq_len=4096)
+    assert whole == pytest.approx(8 + 2 * k + 4 * e / h)
+    assert sharded == pytest.approx((4 * 4096 + 4 * 512) / h + k * 6 * f / h)
+    whole8, sharded8, _ = activation_units(qwen3_30b, seq_len=4096, fp8=True)
+    assert whole - whole8 == pytest.approx(1 + k)
+    assert sharded - sharded8 == pytest.approx((k * f - 4096) / h)  # fc2's inputs halve; the projection's copy
