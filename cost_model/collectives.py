@@ -7,8 +7,11 @@ reduce-scatter, the whole buffer of a rank for all-to-all)::
     all-reduce      S/B * 2(n-1)/n          reduce-scatter, all-gather, all-to-all   S/B * (n-1)/n
     send-recv       S/B                     broadcast                                 S/B
 
-plus a latency term ``alpha * steps`` with ceil(log2 n) steps (2x for all-reduce: NCCL picks a
-tree, depth log2 n, when latency dominates).
+plus a latency term ``alpha * steps``: ceil(log2 n) steps for an all-reduce (2x: NCCL picks a tree,
+depth log2 n, when latency dominates), an all-to-all and a broadcast; n - 1 hops for an all-gather or
+reduce-scatter, which NCCL runs on rings (``ring_steps``: its tuning model in ``src/graph/tuning.cc``
+counts ``nsteps = nRanks - 1`` hops, ``nNodes - 1`` of them on the network), so that ZeRO's gathers
+over hundreds of ranks pay hundreds of hops.
 
 Where a group lives: ranks are numbered with tp innermost, then cp, dp, pp (``ir.plan``), so a
 group is ``group_size`` ranks spaced ``stride`` apart. Tier i connects ``domain_size`` consecutive
@@ -86,7 +89,29 @@ def group_phases(group_size: int, stride: int, cluster: Cluster) -> tuple[tuple[
     return tuple(phases)
 
 
+RING = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+
+
+def ring_steps(phases: tuple[tuple[Tier, float], ...]) -> tuple[float, ...]:
+    """Hops of a ring over the group that cross each phase's tier, inner first: one ring visits every
+    rank, n - 1 hops in all, of which those between domains of tier i number O_i (k_i - 1), O_i the
+    ranks of the phases outside it (NCCL ``src/graph/tuning.cc``: ``nInterSteps = nNodes - 1`` of
+    ``nsteps = nRanks - 1`` for an all-gather or reduce-scatter, the rest at the intra-node latency)."""
+    ks = [round(k) for _, k in phases]
+    outer = [1] * len(ks)
+    for i in range(len(ks) - 2, -1, -1):
+        outer[i] = outer[i + 1] * ks[i + 1]
+    return tuple(o * (k - 1) for o, k in zip(outer, ks))
+
+
 def _latency_s(phases: tuple[tuple[Tier, float], ...], steps_factor: float, kind: str) -> float:
+    """Latency of a collective over ``phases``: a tree's depth per tier (all-reduce, broadcast), or the
+    hops of a ring (all-gather and reduce-scatter: NCCL runs them on rings only, the tree being for
+    all-reduce, and its PAT algorithm only with one GPU per node), so that their latency grows with
+    the group, as NCCL's own tuning model has it."""
+    if kind in RING:
+        return sum(t.latency_of(kind, round(k), steps_factor, steps=s)
+                   for (t, k), s in zip(phases, ring_steps(phases)) if k > 1)
     return sum(t.latency_of(kind, round(k), steps_factor) for t, k in phases if k > 1)
 
 

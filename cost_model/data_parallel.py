@@ -25,8 +25,10 @@ gather waits. Whatever exceeds the compute window is exposed too::
 
     exposed = tail + max(0, comm - tail - window)
 
-Each collective is cut into calls, and every call pays the latency: DDP buckets of 25 MiB, one call
-per FSDP unit (a layer, and the root), one broadcast per owner of a ZeRO-1 optimizer shard.
+Each collective is cut into calls, and every call pays the latency: DDP buckets of 25 MiB (Megatron-Core's
+of max(40M, 1M x dp) parameters, ``Software.megatron_buckets``), one call per FSDP unit (a layer, and the
+root), one broadcast per owner of a ZeRO-1 optimizer shard. An all-gather or reduce-scatter's latency grows
+with its group (a ring: ``collectives.ring_steps``), which is why Megatron grows its buckets with dp.
 
 What overlaps depends on the program (``software.py``): without ``overlap_grad_reduce`` the
 gradient reduction waits in full after the backward (Megatron-LM 2021), without
@@ -75,6 +77,8 @@ from .summary import ModelSummary
 
 OPTIMIZER_BYTES_PER_PARAM = 36
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25)
+# Megatron-Core's default bucket: max(40M, 1M * dp) parameters (Software.megatron_buckets)
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,11 +150,14 @@ def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
     return ops + ((("all-gather", param_b, "bwd", regather, "units"),) if regather > 0 else ())
 
 
-def _calls(how: str, nbytes: float, params: RankParams, group_size: int) -> int:
+def _calls(how: str, nbytes: float, params: RankParams, group_size: int, count: float = 0.0,
+           software: Software = DEFAULT) -> int:
     if how == "units":
         return params.units
     if how == "tensors":
         return params.tensors
+    if software.megatron_buckets:  # buckets of max(40M, 1M * dp) parameters (Software.megatron_buckets)
+        return max(1, math.ceil(count / max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * group_size)))
     return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
 
 
@@ -213,7 +220,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
             for kind, elem_b, phase, part, how in ops_of(own_ops[0] if own_ops else
                                                         _ops(zero_stage, param_b, grad_b, regather, software)):
                 # one collective's bandwidth time, plus the latency of every further call it is cut into
-                calls = _calls(how, part * count * elem_b, params, size)
+                calls = _calls(how, part * count * elem_b, params, size, part * count, software)
                 t = part * time_of(kind, count * elem_b, size, stride, cluster)
                 t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
                 if on_cores:  # CPU ranks: each call also waits for the rank computing last (calibrated);

@@ -272,14 +272,17 @@ class Tier:
         row = self._measured(collective, group_size)
         return self.achievable_Bps if row is None else row[2]
 
-    def latency_of(self, collective: str, group_size: int, steps_factor: float = 1.0) -> float:
-        """Seconds of latency of one ``collective`` over ``group_size`` ranks: measured, scaled by the
-        tree depth ceil(log2 n) from the nearest measured size; else ``latency_s`` per step."""
-        depth = math.ceil(math.log2(max(group_size, 2)))
+    def latency_of(self, collective: str, group_size: int, steps_factor: float = 1.0,
+                   steps: float | None = None) -> float:
+        """Seconds of latency of one ``collective`` over ``group_size`` ranks: ``steps`` hops on this tier
+        (default the tree depth ceil(log2 n); ``collectives.ring_steps`` for a ring) times ``latency_s``, or
+        the measured call latency scaled by those steps from the nearest measured size's."""
+        depth = math.ceil(math.log2(max(group_size, 2))) if steps is None else steps
         row = self._measured(collective, group_size)
         if row is None:
             return self.latency_s * steps_factor * depth
-        return row[1] * depth / math.ceil(math.log2(row[0]))
+        row_steps = math.ceil(math.log2(row[0])) if steps is None else row[0] - 1
+        return row[1] * depth / row_steps
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

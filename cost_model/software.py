@@ -144,6 +144,12 @@ Fields:
   --to megatron`` passes); else each tp rank keeps its experts whole and runs the whole MoE on the whole
   sequence (meshplan's runtime: ``codegen/tp_plans.py`` leaves the router and experts replicated over tp,
   splitting attention only), so TP shrinks neither the experts' weights nor their FLOPs.
+* ``megatron_buckets``: the data-parallel gradients (and ZeRO-1's parameter gathers) are cut into buckets
+  of max(40M, 1M x dp) parameters, Megatron-Core's default ("larger DP sizes need larger buckets to
+  ensure collectives do not become latency-bound", ``DistributedDataParallelConfig.bucket_size`` in
+  megatron/core/distributed/distributed_data_parallel_config.py; set in distributed_data_parallel.py,
+  NVIDIA/Megatron-LM @d98e8a64dd), else PyTorch DDP's 25 MiB (``bucket_cap_mb``). Each bucket is a call
+  that pays the collective's latency, which for a ring grows with the group (``collectives.ring_steps``).
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -193,6 +199,7 @@ class Software:
     offload_overlap: bool = False
     fp8_param_gather: bool = False
     expert_tp: bool = False
+    megatron_buckets: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -255,7 +262,7 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
-                              fp8_param_gather=True, expert_tp=True)
+                              fp8_param_gather=True, expert_tp=True, megatron_buckets=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

@@ -48,14 +48,19 @@ def _reference(model: str, seed: int = 0) -> list[float]:
 
 
 def _torchrun(args: list[str], cwd: Path, *, nproc: int = 4, env: dict[str, str] | None = None) -> str:
-    """Run a script under torchrun on ``nproc`` CPU processes; its stdout (the test fails on a non-zero exit)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(port), *args, "--steps", str(STEPS)]
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    """Run a script under torchrun on ``nproc`` CPU processes; its stdout (the test fails on a non-zero exit).
+    The free port is picked before torchrun binds it, so another test's process can take it in between:
+    then torchrun fails with EADDRINUSE before running anything, and the run is retried on a new port."""
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+               "127.0.0.1", "--master-port", str(port), *args, "--steps", str(STEPS)]
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        if "EADDRINUSE" not in done.stderr:
+            break
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout
 

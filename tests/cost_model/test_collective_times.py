@@ -12,7 +12,7 @@ S = 1e9
 
 
 @pytest.mark.parametrize("kind, factor, steps", [
-    ("all-reduce", 2 * 7 / 8, 6), ("all-gather", 7 / 8, 3), ("reduce-scatter", 7 / 8, 3), ("all-to-all", 7 / 8, 3),
+    ("all-reduce", 2 * 7 / 8, 6), ("all-gather", 7 / 8, 7), ("reduce-scatter", 7 / 8, 7), ("all-to-all", 7 / 8, 3),
 ])
 def test_inside_a_node_matches_the_busbw_formula(kind: str, factor: float, steps: int) -> None:
     lat = H100x2.tiers[0].latency_s
@@ -45,8 +45,25 @@ def test_groups_spanning_nodes_are_costed_in_phases() -> None:
     # the slowest phase sets the time (NCCL pipelines the NVLink and network hops of its rings)
     inner = S * 7 / 8 / NV
     outer = S / 8 * 1 / 2 / IB
-    lat = 3 * nvlink.latency_s + 1 * ib.latency_s
+    lat = 14 * nvlink.latency_s + 1 * ib.latency_s  # a ring over 16 ranks: 15 hops, one between the nodes
     assert collective_time("all-gather", S, 16, 1, H100x2) == pytest.approx(max(inner, outer) + lat)
+
+
+def test_ring_collectives_pay_a_hop_per_rank_as_nccls_tuning_model_does() -> None:
+    """NCCL src/graph/tuning.cc: a ring all-gather or reduce-scatter over nRanks in nNodes has nsteps =
+    nRanks - 1 hops, nNodes - 1 of them on the network; an all-reduce at scale runs on the tree (log2)."""
+    cluster = Cluster.preset("h100-sxm", nodes=64)
+    nvlink, ib = cluster.tiers
+    tiny = 1.0  # bytes: latency alone
+    for kind in ("all-gather", "reduce-scatter"):
+        assert collective_time(kind, tiny, 512, 1, cluster) == pytest.approx(
+            448 * nvlink.latency_s + 63 * ib.latency_s, rel=1e-6)
+        # one rank per node (a ZeRO group strided over the nodes): every hop on the network
+        assert collective_time(kind, tiny, 64, 8, cluster) == pytest.approx(63 * ib.latency_s, rel=1e-6)
+    # the latency of a 512-rank all-gather is 30x a 16-rank one; an all-reduce's grows with log2 n
+    assert collective_time("all-gather", tiny, 512, 1, cluster) > 30 * collective_time("all-gather", tiny, 16, 1, cluster)
+    assert collective_time("all-reduce", tiny, 512, 1, cluster) == pytest.approx(
+        2 * (3 * nvlink.latency_s + 6 * ib.latency_s), rel=1e-6)
 
 
 def test_multi_node_dgx_a100_all_reduce_busbw_is_near_the_measured_192_gbps() -> None:

@@ -26,12 +26,13 @@ def test_cross_node_all_gather_is_the_tier_formula() -> None:
     assert [(t.name, k) for t, k in group_phases(16, 1, cluster)] == [("nvlink", 8), ("infiniband", 2)]
     nvl_s = S * 7 / 8 / nvl.bus_Bps("all-gather", 8)
     ib_s = S / 8 * (2 - 1) / 2 / ib.bus_Bps("all-gather", 2)
-    latency = nvl.latency_of("all-gather", 8) + ib.latency_of("all-gather", 2)
+    # a ring over the 16 ranks: 14 NVLink hops and 1 between the nodes (collectives.ring_steps)
+    latency = nvl.latency_of("all-gather", 8, steps=14) + ib.latency_of("all-gather", 2, steps=1)
     assert collective_time("all-gather", S, 16, 1, cluster) == pytest.approx(max(nvl_s, ib_s) + latency, rel=1e-12)
     # with tp 2 inside each node (stride 2): 4 ranks per node, 4 nodes
     nvl_s = S * 3 / 4 / nvl.bus_Bps("all-gather", 4)
     ib_s = S / 4 * 3 / 4 / ib.bus_Bps("all-gather", 4)
-    latency = nvl.latency_of("all-gather", 4) + ib.latency_of("all-gather", 4)
+    latency = nvl.latency_of("all-gather", 4, steps=12) + ib.latency_of("all-gather", 4, steps=3)
     assert collective_time("all-gather", S, 16, 2, cluster) == pytest.approx(max(nvl_s, ib_s) + latency, rel=1e-12)
 
 
@@ -42,8 +43,8 @@ def test_on_a_slow_network_the_cross_node_part_sets_the_time() -> None:
     net = cluster.tiers[-1]
     ib_s = S / 8 / 2 / net.bus_Bps("all-gather", 2)
     t16 = collective_time("all-gather", S, 16, 1, cluster)
-    assert t16 == pytest.approx(ib_s + cluster.tiers[0].latency_of("all-gather", 8)
-                                + net.latency_of("all-gather", 2), rel=1e-12)
+    assert t16 == pytest.approx(ib_s + cluster.tiers[0].latency_of("all-gather", 8, steps=14)
+                                + net.latency_of("all-gather", 2, steps=1), rel=1e-12)
     assert t16 > 3 * collective_time("all-gather", S, 8, 1, cluster)
 
 

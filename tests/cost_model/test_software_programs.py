@@ -162,6 +162,28 @@ def test_torch_zero1_broadcasts_each_parameter_tensor(make_graph, make_plan, mak
     assert cost[1].per_step_s - cost[0].per_step_s == pytest.approx(100 * latency, rel=1e-6)
 
 
+def test_megatron_cuts_its_gradients_into_buckets_that_grow_with_dp() -> None:
+    """Megatron-Core's buckets hold max(40M, 1M x dp) parameters (distributed_data_parallel.py), PyTorch DDP's
+    25 MiB: ZeRO-1 of 4e9 bf16 parameters over dp 256 (one rank per node, ring over the network) is
+    ceil(4e9 / 256e6) = 16 reduce-scatters and 16 all-gathers, against 4e9 * 4 B / 25 MiB = 611 and
+    4e9 * 2 B / 25 MiB = 306; each call pays the ring's 255 hops."""
+    from meshplan.cost_model.data_parallel import RankParams, data_parallel_cost
+    cluster = Cluster.preset("h100-sxm", nodes=256)
+    params = RankParams(dense=4e9, expert=0.0, bucket=4e9 / 60, units=61)
+    mesh = ir.Mesh(dp=256, tp=8)
+    waits = dataclasses.replace(software_named("megatron-core-2024"), overlap_grad_reduce=False, overlap_param_gather=False,
+                                megatron_buckets=False)
+
+    def step_s(software: Software) -> float:
+        return data_parallel_cost(params, cluster=cluster, mesh=mesh, zero_stage=1, dtype="bfloat16", microbatches=1,
+                                  fwd_window_s=0.0, bwd_window_s=0.0, software=software).per_step_s
+
+    rs, ag = (collective_time(k, 1.0, 256, 8, cluster) for k in ("reduce-scatter", "all-gather"))
+    assert rs == pytest.approx(255 * cluster.tiers[-1].latency_s, rel=1e-6)
+    ddp, megatron = step_s(waits), step_s(dataclasses.replace(waits, megatron_buckets=True))
+    assert ddp - megatron == pytest.approx((611 - 16) * rs + (306 - 16) * ag, rel=1e-6)
+
+
 def _dp_cost(software: Software, *, zero: int, window_s: float, microbatches: int = 1):
     from meshplan.cost_model.data_parallel import RankParams, data_parallel_cost
     cluster = Cluster.preset("a100-80gb", nodes=16)
