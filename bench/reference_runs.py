@@ -43,6 +43,10 @@ split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.
 known to recompute or offload only some layers (Megatron-Bridge's ``recompute_num_layers``, full recompute of
 the first n layers, and ``cpu_offloading_num_layers``, the first n layers' activations in host memory, from
 the workload configs of the container's release), ``recompute_layers`` and ``offload_layers`` give n.
+``ep_dispatcher`` names the flex dispatcher's backend (``hybridep`` or ``deepep``) where the release's workload
+config sets ``moe_flex_dispatcher_backend``; such rows are predicted with ``megatron-core-perf-recipes-hybridep``
+(``Software.ep_dispatch``). It is filled where the expert group spans nodes outside an NVLink domain, the only
+place the dispatcher changes the prediction; the others keep the all-to-all.
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -289,11 +293,14 @@ MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default
 def software_of(source: str, row: dict[str, str]) -> str:
     """The software preset of a row: its source's, except llm-foundry's large-scale rows whose sweep ran
     FlashAttention-2 (``attn_impl flash`` in the row's notes, from sweep.py @5e85bd62d): llm-foundry-2024, and
-    its rows whose MP Mode is PURE: llm-foundry-2023-pure."""
+    its rows whose MP Mode is PURE: llm-foundry-2023-pure; and Megatron-Bridge's rows whose workload config uses
+    the flex dispatcher (``ep_dispatcher``): megatron-core-perf-recipes-hybridep."""
     if source == "foundry" and "attn_impl flash" in row["notes"]:
         return "llm-foundry-2024"
     if source == "foundry" and "FSDP mixed precision PURE" in row["notes"]:
         return "llm-foundry-2023-pure"  # the MP Mode column: gradients reduced in bf16
+    if SOFTWARE[source] == "megatron-core-perf-recipes" and _cell(row, "ep_dispatcher") in ("hybridep", "deepep"):
+        return "megatron-core-perf-recipes-hybridep"  # Megatron's flex dispatcher (Software.ep_dispatch)
     return SOFTWARE[source]
 
 

@@ -42,6 +42,7 @@ parameter count, at ~6-8 bytes per parameter over ~20 GB/s per GPU.
 """
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from functools import lru_cache
 
@@ -153,3 +154,28 @@ def flat_collective_time(kind: str, nbytes: float, group_size: int, stride: int,
     slowest = min(t.bus_Bps(kind, round(k)) for t, k in phases)
     steps = 2.0 if kind == Collective.ALL_REDUCE else 1.0
     return bus_bytes(kind, nbytes, group_size) / slowest + _latency_s(phases, steps, kind)
+
+
+def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, group_size: int, stride: int,
+                                 cluster: Cluster) -> float:
+    """Seconds for one MoE dispatch (or combine) of ``token_bytes`` of tokens per rank, each routed to ``top_k``
+    of ``experts`` spread evenly over ``group_size`` ranks ``stride`` apart, by a dispatcher that sends a token
+    over the network once per remote domain that hosts one of its experts and forwards it to the experts'
+    GPUs inside that domain (DeepEP, HybridEP: ``Software.ep_dispatch``). With routing uniform over the
+    experts, a domain holding E/D of the E experts receives a token with probability
+    1 - C(E - E/D, k) / C(E, k), so each rank sends ``token_bytes`` times (D - 1) times that over the
+    network, against k (D - 1)/D copies for an all-to-all. Inside a domain the k copies move as an
+    all-to-all there; the two phases are pipelined (the slower sets the time, as in ``collective_time``).
+    A group inside one domain is a plain all-to-all."""
+    phases = group_phases(group_size, stride, cluster)
+    if len(phases) <= 1 or token_bytes <= 0:
+        return collective_time("all-to-all", token_bytes * top_k, group_size, stride, cluster)
+    inner_tier, inner = phases[0]
+    domains = group_size / inner
+    per_domain = experts / domains
+    k = min(top_k, experts)
+    missed = math.comb(experts - round(per_domain), k) / math.comb(experts, k) if per_domain >= 1 else 1 - 1 / domains
+    remote = (domains - 1) * (1 - missed)
+    outer_s = max(token_bytes * remote / tier.bus_Bps(Collective.ALL_TO_ALL, round(n)) for tier, n in phases[1:])
+    inner_s = token_bytes * top_k * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, round(inner))
+    return max(inner_s, outer_s) + _latency_s(phases, 1.0, Collective.ALL_TO_ALL)

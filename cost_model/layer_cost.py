@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..ir.graph import ModelDims
-from .collectives import bus_bytes, collective_time
+from .collectives import bus_bytes, collective_time, deduplicated_all_to_all_time
 from .flops import attention_core_flops, kv_width, q_width
 from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
@@ -259,8 +259,11 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
     if d.family == "moe" and ep > 1:  # ep ranks at stride tp, or consecutive when the group takes tp ranks
         routed = act * d.top_k / (tp if shape.ep_over_tp else 1)
         stride = 1 if shape.ep_over_tp else tp
-        ep_s, ep_b = (2 * collective_time("all-to-all", routed, ep, stride, cluster),
-                      2 * bus_bytes("all-to-all", routed, ep))
+        if shape.software.ep_dispatch == "hybridep":  # one copy per remote node, not per expert (Software.ep_dispatch)
+            one = deduplicated_all_to_all_time(routed / d.top_k, d.top_k, d.experts, ep, stride, cluster)
+        else:
+            one = collective_time("all-to-all", routed, ep, stride, cluster)
+        ep_s, ep_b = 2 * one, 2 * bus_bytes("all-to-all", routed, ep)
     kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.head_dim) * ab
     cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)

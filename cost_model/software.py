@@ -150,6 +150,16 @@ Fields:
   megatron/core/distributed/distributed_data_parallel_config.py; set in distributed_data_parallel.py,
   NVIDIA/Megatron-LM @d98e8a64dd), else PyTorch DDP's 25 MiB (``bucket_cap_mb``). Each bucket is a call
   that pays the collective's latency, which for a ring grows with the group (``collectives.ring_steps``).
+* ``ep_dispatch``: how the MoE tokens reach their experts. ``"alltoall"``: an NCCL all-to-all of the k routed
+  copies of every token (Megatron's ``--moe-token-dispatcher-type alltoall``; meshplan's runtime). ``"hybridep"``:
+  Megatron's flex dispatcher with a DeepEP-style backend (``--moe-token-dispatcher-type flex
+  --moe-flex-dispatcher-backend hybridep``), which "removes redundant tokens during cross-node communication"
+  (megatron/core/transformer/moe/README.md, Token Dispatching, NVIDIA/Megatron-LM @d98e8a64dd): a token crosses
+  the network once to each remote node that hosts one of its experts and is forwarded over NVLink there (the
+  design of DeepSeek-V3's dispatch, arXiv:2412.19437 sec. 3.2.2), instead of once per expert
+  (``collectives.deduplicated_all_to_all_time``). NVIDIA's perf recipes set it per workload
+  (``moe_flex_dispatcher_backend="hybridep"`` in Megatron-Bridge scripts/performance/configs/*/
+  *_workload_base_configs.py), so it has a preset of its own, ``megatron-core-perf-recipes-hybridep``.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -165,6 +175,7 @@ from dataclasses import dataclass
 from ..ir.errors import PlanError
 
 ATTENTION = ("flash", "plain")
+EP_DISPATCH = ("alltoall", "hybridep")
 CROSS_ENTROPY = ("upcast", "flash", "te")
 
 
@@ -200,6 +211,7 @@ class Software:
     fp8_param_gather: bool = False
     expert_tp: bool = False
     megatron_buckets: bool = False
+    ep_dispatch: str = "alltoall"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -207,6 +219,8 @@ class Software:
         if self.cross_entropy not in CROSS_ENTROPY:
             raise PlanError(f"software {self.name!r}: cross_entropy must be one of {CROSS_ENTROPY}, "
                             f"got {self.cross_entropy!r}")
+        if self.ep_dispatch not in EP_DISPATCH:
+            raise PlanError(f"software {self.name!r}: ep_dispatch must be one of {EP_DISPATCH}, got {self.ep_dispatch!r}")
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
             raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
                             f"got {self.zero3_prefetch_params!r}")
@@ -273,6 +287,13 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
 MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
                                                  fp32_grad_reduce=False, cross_entropy="te")
 
+# The same recipes where they dispatch MoE tokens with Megatron's flex dispatcher and the HybridEP backend
+# (``moe_flex_dispatcher_backend="hybridep"`` in the workload's base config: every DeepSeek-V3 one, and some
+# Qwen3 and GPT-OSS ones, in Megatron-Bridge scripts/performance/configs @v0.3.0 and @v0.4.0).
+MEGATRON_CORE_PERF_RECIPES_HYBRIDEP = dataclasses.replace(MEGATRON_CORE_PERF_RECIPES,
+                                                          name="megatron-core-perf-recipes-hybridep",
+                                                          ep_dispatch="hybridep")
+
 # MosaicML llm-foundry v0.3.0 as its MPT benchmark tables ran it (scripts/train/benchmarking/README.md
 # @b2a43a147, 2023-10-19; submit_benchmarks.py and sweep.sh there): Composer 0.16 with PyTorch FSDP1
 # FULL_SHARD; mixed precision DEFAULT (run_config never passes the PURE flag): fp32 sharded parameters
@@ -301,7 +322,7 @@ LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-
 LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
 
 SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
-                                MEGATRON_CORE_PERF_RECIPES, LLM_FOUNDRY_2023,
+                                MEGATRON_CORE_PERF_RECIPES, MEGATRON_CORE_PERF_RECIPES_HYBRIDEP, LLM_FOUNDRY_2023,
                                 LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}
 
 

@@ -24,6 +24,9 @@ from ..ir import Plan, Recompute, Schedule
 from .common import layer_counts, recompute_kinds, refuse
 
 VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
+# the software presets the cost model prices with Megatron's flex dispatcher and the HybridEP backend
+# (cost_model.software: Software.ep_dispatch "hybridep"); export may not import the cost model, so by name
+HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep"})
 # flag -> (dest, kind, choices); kind "int", "str" or "true" (store_true)
 FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", "int", ()),
@@ -66,6 +69,10 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--num-query-groups": ("num_query_groups", "int", ()),
     "--num-experts": ("num_experts", "int", ()),
     "--moe-router-topk": ("moe_router_topk", "int", ()),
+    # TransformerConfig fields made flags by ArgumentGroupFactory (megatron/core/transformer/transformer_config.py):
+    # the flex dispatcher with its DeepEP-style backend, which sends a token once per remote node
+    "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", "str", ("allgather", "alltoall", "flex")),
+    "--moe-flex-dispatcher-backend": ("moe_flex_dispatcher_backend", "str", ("deepep", "hybridep", "ncclep")),
     "--swiglu": ("swiglu", "true", ()),
     "--normalization": ("normalization", "str", ("LayerNorm", "RMSNorm")),
     "--position-embedding-type": ("position_embedding_type", "str",
@@ -175,6 +182,8 @@ def to_megatron(plan: Plan) -> str:
     if m.ep > 1:  # experts split over tp as the dense MLP (the Megatron-Core presets' expert_tp), or whole when
         # the ep group takes tp ranks (MoE parallel folding: ir.Mesh.ep_over_tp)
         args += ["--expert-tensor-parallel-size", "1" if m.ep_over_tp else str(m.tp)]
+        if plan.software in HYBRIDEP_SOFTWARE:  # the dispatcher the plan was priced with
+            args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
     args += _memory_args(plan)

@@ -77,3 +77,28 @@ def test_trivial_groups_cost_nothing() -> None:
     assert collective_time("all-reduce", S, 1, 1, H100x2) == 0.0
     assert collective_time("all-gather", 0, 8, 1, H100x2) == 0.0
     assert bus_bytes("all-reduce", S, 1) == 0.0
+
+
+def test_a_deduplicating_dispatch_sends_each_token_once_per_remote_node() -> None:
+    """DeepEP/HybridEP (Software.ep_dispatch): DeepSeek-V3's 256 experts, top-8, over ep 32 on B200 nodes of 8: each
+    of the 3 other nodes holds 64 experts and receives a token with probability 1 - C(192, 8)/C(256, 8); the
+    network phase moves that many copies of the token, against 8 x 3/4 for an all-to-all."""
+    import math
+
+    from meshplan.cost_model.collectives import deduplicated_all_to_all_time
+
+    cluster = Cluster.preset("b200", nodes=4)
+    nvlink, ib = cluster.tiers
+    tokens = 4096 * 7168 * 2.0
+    remote = 3 * (1 - math.comb(192, 8) / math.comb(256, 8))
+    network_s = tokens * remote / ib.bus_Bps("all-to-all", 4)
+    latency = nvlink.latency_of("all-to-all", 8) + ib.latency_of("all-to-all", 4)
+    assert deduplicated_all_to_all_time(tokens, 8, 256, 32, 1, cluster) == pytest.approx(network_s + latency, rel=1e-9)
+    assert collective_time("all-to-all", 8 * tokens, 32, 1, cluster) > 2 * deduplicated_all_to_all_time(
+        tokens, 8, 256, 32, 1, cluster)
+    # inside one node there is nothing to deduplicate: the all-to-all of the k copies
+    assert deduplicated_all_to_all_time(tokens, 8, 256, 8, 1, cluster) == collective_time(
+        "all-to-all", 8 * tokens, 8, 1, cluster)
+    # with one expert per token a token crosses once or not at all, as in an all-to-all
+    assert deduplicated_all_to_all_time(tokens, 1, 256, 32, 1, cluster) == pytest.approx(
+        collective_time("all-to-all", tokens, 32, 1, cluster), rel=1e-9)

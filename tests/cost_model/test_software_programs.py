@@ -520,6 +520,8 @@ def test_transformer_engines_cross_entropy_keeps_the_fp32_gradient_not_the_logit
     assert cost[upcast.name].bwd_compute_s - cost[perf.name].bwd_compute_s == pytest.approx(saved_b)
     with pytest.raises(ir.PlanError, match="cross_entropy must be one of"):
         dataclasses.replace(perf, cross_entropy="fused")
+    with pytest.raises(ir.PlanError, match="ep_dispatch must be one of"):
+        dataclasses.replace(perf, ep_dispatch="deepep")
 
 
 def test_expert_parallelism_folded_over_tp_keeps_experts_whole_and_routes_each_ranks_slice(make_graph,

@@ -73,3 +73,25 @@ def test_megatron_folds_expert_parallelism_over_the_tp_ranks_and_meshplans_runti
     assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (8, 1)
     with pytest.raises(ir.InfeasibleError, match="folds ep over the tp ranks: --software megatron-core-2024"):
         plans("mixtral-8x7b", "h100-sxm:2x8", global_batch=32, seq_len=4096, top=1, time_limit_s=20, fixed=pins)
+
+
+def test_the_hybridep_preset_prices_one_network_copy_per_node_and_exports_the_flex_dispatcher() -> None:
+    """Megatron's flex dispatcher with the HybridEP backend (the perf recipes' moe_flex_dispatcher_backend) sends a
+    token over the network once per remote node hosting one of its experts, not once per expert: with ep 8 at
+    stride 2 on h100-sxm:4x8 (4 experts per node, top-2 of Mixtral's 8) a token reaches the other node with
+    probability 1 - C(4,2)/C(8,2) = 22/28, against 2 x 1/2 copies for an all-to-all, so the same pinned plan is
+    faster; the export asks Megatron for that dispatcher, and only for the preset priced with it."""
+    from meshplan.cost_model.software import SOFTWARE
+    from meshplan.export import export, megatron
+
+    assert megatron.HYBRIDEP_SOFTWARE == {name for name, s in SOFTWARE.items() if s.ep_dispatch == "hybridep"}
+    pins = dict(tp=2, dp=16, ep=8, pp=1, cp=1)
+    kw = dict(global_batch=64, seq_len=4096, top=1, time_limit_s=20, fixed=pins)
+    flex = plans("mixtral-8x7b", "h100-sxm:4x8", software="megatron-core-perf-recipes-hybridep", **kw)[0]
+    a2a = plans("mixtral-8x7b", "h100-sxm:4x8", software="megatron-core-perf-recipes", **kw)[0]
+    assert (flex.mesh.ep, flex.mesh.tp) == (a2a.mesh.ep, a2a.mesh.tp) == (8, 2) and not flex.mesh.ep_over_tp
+    assert flex.prediction.step_time_s < a2a.prediction.step_time_s
+    args = megatron.parse(export(flex, "megatron"))
+    assert (args.moe_token_dispatcher_type, args.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    plain = megatron.parse(export(a2a, "megatron"))
+    assert plain.moe_token_dispatcher_type is None and plain.moe_flex_dispatcher_backend is None
