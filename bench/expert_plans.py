@@ -26,10 +26,10 @@ import csv
 import time
 from dataclasses import replace
 
-from reference_runs import DATA, build_run
+from reference_runs import DATA, build_run, software_of_run
 
 from meshplan import ir, solver
-from meshplan.cost_model import estimate, software_named
+from meshplan.cost_model import estimate
 from meshplan.solver.space import MEGATRON, RUNTIME
 from meshplan.solver.stages import bounds, megatron_counts
 
@@ -82,7 +82,7 @@ def compare(run, runtime: frozenset | None, time_limit_s: float) -> tuple[str, s
     """Both plans costed as the row's program in its dtype (``meshplan plan --software``); the search offers
     what that program runs (Megatron-Core's options for the framework presets, meshplan runtime's for the
     presets derived from it) unless ``runtime`` says otherwise."""
-    graph, software = run.graph, software_named(run.software)
+    graph, software = run.graph, software_of_run(run)
     if runtime is None:
         runtime = MEGATRON if software.search_space == "megatron" else RUNTIME
     expert = estimate(graph, run.cluster, run.plan, software=software)

@@ -46,7 +46,10 @@ the workload configs of the container's release), ``recompute_layers`` and ``off
 ``ep_dispatcher`` names the flex dispatcher's backend (``hybridep`` or ``deepep``) where the release's workload
 config sets ``moe_flex_dispatcher_backend``; such rows are predicted with ``megatron-core-perf-recipes-hybridep``
 (``Software.ep_dispatch``). It is filled where the expert group spans nodes outside an NVLink domain, the only
-place the dispatcher changes the prediction; the others keep the all-to-all.
+place the dispatcher changes the prediction, and beside ``ep_overlap``; the others keep the all-to-all.
+``ep_overlap`` is ``true`` where the config sets ``moe_a2a_overlap`` (Megatron's 1F1B A2A overlap,
+``Software.ep_comm_overlap``), checked for the rows whose EP all-to-all the model otherwise exposes: NVIDIA's H100
+Qwen3-235B rows, DeepSeek-V3 B200 26.04.01, Qwen3-30B H100 26.02 and GPT-OSS GB200 26.04 and 26.04.01.
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -86,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import functools
 import json
 import math
@@ -96,7 +100,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import ir, zoo
-from meshplan.cost_model import Cluster, estimate, software_named
+from meshplan.cost_model import Cluster, Software, estimate, software_named
 from meshplan.solver.stages import bounds, megatron_counts
 
 # the published runs and the accelerators, each row with its source (copied from the project's
@@ -162,6 +166,7 @@ class Run:
     measured: float  # in ``unit``
     measured_step_s: float | None
     assumed: str  # what the row does not say and we assumed, or ""
+    ep_overlap: bool  # the row's config overlaps the EP all-to-alls with compute (``software_of_run``)
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -304,6 +309,15 @@ def software_of(source: str, row: dict[str, str]) -> str:
     return SOFTWARE[source]
 
 
+def software_of_run(run: Run) -> Software:
+    """The program a run is costed as: its preset (``software_of``), with Megatron's 1F1B A2A overlap where the
+    row's workload config turns it on (``ep_overlap``; ``Software.ep_comm_overlap``)."""
+    software = software_named(run.software)
+    if run.ep_overlap:
+        software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
+    return software
+
+
 def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted. ``traced``: the ``ARCHITECTURES`` to trace
     (default all; tracing DeepSeek-V3 takes about 10 s)."""
@@ -410,7 +424,7 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
     return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
-               graph=graph)
+               graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true")
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}
@@ -453,7 +467,7 @@ def evaluate(csv_path: Path, traced: Collection[str] | None = None) -> tuple[lis
         if isinstance(run, str):
             skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
             continue
-        pred = estimate(run.graph, run.cluster, run.plan, software=software_named(run.software))
+        pred = estimate(run.graph, run.cluster, run.plan, software=software_of_run(run))
         results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))
     return results, skipped
 

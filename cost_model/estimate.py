@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from ..ir.errors import InvalidPlanError
 from ..ir.graph import Graph, ModelDims
-from ..ir.plan import Plan, Prediction
+from ..ir.plan import Plan, Prediction, Recompute
 from .collectives import collective_time
 from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankParams, data_parallel_cost,
                             fsdp_under_pipeline, optimizer_step_s, rank_params)
@@ -251,6 +251,14 @@ def _loss_reduce_s(cluster: Cluster, plan: Plan) -> float:
     return t + (collective_time("all-reduce", 4.0, m.pp, m.dp * m.cp * m.tp, cluster) if m.pp > 1 else 0.0)
 
 
+def _ep_overlap(plan: Plan, software: Software) -> bool:
+    """Whether the EP all-to-alls run under another micro-batch's compute: ``Software.ep_comm_overlap`` where
+    Megatron allows it (expert parallelism, no full recomputation, virtual stages under pipelining)."""
+    m = plan.mesh
+    return (software.ep_comm_overlap and m.ep > 1 and (m.pp == 1 or plan.vp > 1)
+            and Recompute.FULL not in plan.recompute)
+
+
 def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software = DEFAULT) -> Prediction:
     """Predicted step time and per-GPU memory of ``plan`` for ``graph`` on ``cluster``, run by
     ``software``. ``plan.prediction`` is ignored."""
@@ -259,7 +267,8 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     check_plan(dims, cluster, plan)
     mesh, m = plan.mesh, plan.num_microbatches
     shape = LayerShape(dims=dims, micro_batch=plan.micro_batch_size, seq_len=plan.seq_len, tp=mesh.tp, cp=mesh.cp,
-                       ep=mesh.ep, ep_over_tp=mesh.ep_over_tp, sp=plan.sequence_parallel, dtype=plan.dtype,
+                       ep=mesh.ep, ep_over_tp=mesh.ep_over_tp, ep_overlap=_ep_overlap(plan, software),
+                       sp=plan.sequence_parallel, dtype=plan.dtype,
                        software=software, fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
     ranks = _ranks(plan, dims.layers, cluster)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)

@@ -78,6 +78,9 @@ class LayerShape:
     cp: int = 1
     ep: int = 1
     ep_over_tp: bool = False  # the ep group takes tp ranks: experts whole, each tp rank's tokens (Mesh.ep_over_tp)
+    # the EP all-to-alls run under another micro-batch's compute (Software.ep_comm_overlap, where the plan allows it:
+    # estimate._ep_overlap)
+    ep_overlap: bool = False
     sp: bool = False
     dtype: str = "bfloat16"
     software: Software = DEFAULT
@@ -228,8 +231,8 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     return mm_f + core_f + mem_f + ops_f, mm_b + core_b + mem_b + ops_b, core_f, mm_f, mm_b
 
 
-def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
-          matmul_s_: tuple[float, float]) -> tuple[float, float, dict, dict]:
+def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tuple[float, float],
+          compute_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float, dict, dict]:
     d, ab, tp, cp, ep = shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp, shape.cp, shape.ep
     act = shape.tokens * d.hidden * ab
     if shape.sp:
@@ -264,6 +267,11 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
         else:
             one = collective_time("all-to-all", routed, ep, stride, cluster)
         ep_s, ep_b = 2 * one, 2 * bus_bytes("all-to-all", routed, ep)
+        if shape.ep_overlap:  # Megatron's 1F1B A2A overlap: "EP A2A in forward step is hidden by the attention/mlp
+            # computation in the backward step, and vice versa" (megatron/core/pipeline_parallel/combined_1f1b.py)
+            exposed = max(0.0, ep_s - compute_s[1]) + max(0.0, ep_s - compute_s[0])
+            hidden += 2 * ep_s - exposed
+            ep_s = exposed / 2
     kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.head_dim) * ab
     cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
@@ -281,7 +289,7 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float,
 def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     """Forward and backward seconds of one layer for one micro-batch on one GPU."""
     fwd_s, bwd_s, core_fwd, mm_f, mm_b = _compute_s(shape, cluster)
-    fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b))
+    fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b), (fwd_s, bwd_s))
     selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
     return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
                      fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)

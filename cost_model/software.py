@@ -160,6 +160,14 @@ Fields:
   (``collectives.deduplicated_all_to_all_time``). NVIDIA's perf recipes set it per workload
   (``moe_flex_dispatcher_backend="hybridep"`` in Megatron-Bridge scripts/performance/configs/*/
   *_workload_base_configs.py), so it has a preset of its own, ``megatron-core-perf-recipes-hybridep``.
+* ``ep_comm_overlap``: Megatron's 1F1B A2A overlap (``--overlap-moe-expert-parallel-comm``; Megatron-Bridge's
+  ``moe_a2a_overlap``): the forward of one micro-batch and the backward of another run layer by layer as one
+  schedule: "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
+  versa" (megatron/core/pipeline_parallel/combined_1f1b.py); only what exceeds that compute waits
+  (``layer_cost._comm``). Megatron allows it with expert parallelism, without
+  full recomputation, and under pipelining only with virtual stages (TransformerConfig.__post_init__,
+  megatron/core/transformer/transformer_config.py @d98e8a64dd); ``estimate`` applies it where the plan meets
+  those rules. The warm-up and cool-down micro-batches, which have no partner, are priced as overlapped too.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -212,6 +220,7 @@ class Software:
     expert_tp: bool = False
     megatron_buckets: bool = False
     ep_dispatch: str = "alltoall"
+    ep_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:

@@ -557,3 +557,34 @@ def test_expert_parallelism_folded_over_tp_keeps_experts_whole_and_routes_each_r
         estimate(graph, cluster, dataclasses.replace(folded, sequence_parallel=False), software=megatron)
     with pytest.raises(ir.InvalidPlanError, match=r"ep\(16\) must divide tp\(2\) \* dp\(4\) \* cp\(1\) = 8"):
         ir.Mesh(tp=2, dp=4, ep=16)
+
+
+def test_megatrons_a2a_overlap_hides_the_expert_all_to_alls_under_the_paired_compute(make_graph, make_plan) -> None:
+    """Software.ep_comm_overlap (Megatron's 1F1B A2A overlap): a layer's forward dispatch and combine run under the
+    paired micro-batch's backward compute, and its backward ones under the forward's; only what exceeds it waits,
+    and what hides slows compute by overlap_slowdown. The estimate applies it only where Megatron does:
+    expert parallelism, no full recomputation, virtual stages under pipelining."""
+    cfg = zoo.config("mixtral-8x7b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm", nodes=4)
+    perf = software_named("megatron-core-perf-recipes")
+    overlapped = dataclasses.replace(perf, ep_comm_overlap=True)
+    base = LayerShape(dims=graph.dims, micro_batch=1, seq_len=4096, tp=2, ep=8, sp=True, software=perf)
+    plain, over = layer_cost(base, cluster), layer_cost(dataclasses.replace(base, ep_overlap=True), cluster)
+    ep_each = collective_time("all-to-all", 4096 * graph.dims.hidden * 2 * graph.dims.top_k, 8, 2, cluster)
+    tp_part = plain.fwd_comm_s - 2 * ep_each  # the TP and its slowdown, unchanged by the EP overlap
+    # the forward's two all-to-alls under the backward's compute, the backward's under the forward's
+    exposed = max(0.0, 2 * ep_each - plain.bwd_compute_s) + max(0.0, 2 * ep_each - plain.fwd_compute_s)
+    hidden = 4 * ep_each - exposed
+    assert over.fwd_comm_s == pytest.approx(tp_part + exposed / 2 + perf.overlap_slowdown * hidden / 2, rel=1e-9)
+    assert over.fwd_comm_s < plain.fwd_comm_s and over.bwd_comm_s < plain.bwd_comm_s
+
+    def step(software, **kw):
+        plan = make_plan(cfg, cluster, global_batch=64, seq_len=4096, tp=2, ep=8, sp=True, zero=1, **{"dp": 16, **kw})
+        return estimate(graph, cluster, plan, software=software).step_time_s
+
+    assert step(overlapped) < step(perf)  # pp 1
+    assert step(overlapped, pp=2, dp=8, vp=2, schedule="interleaved-1f1b") < step(perf, pp=2, dp=8, vp=2,
+                                                                                  schedule="interleaved-1f1b")
+    # Megatron refuses the overlap under pipelining without virtual stages, and beside full recomputation
+    assert step(overlapped, pp=2, dp=8) == step(perf, pp=2, dp=8)
+    assert step(overlapped, recompute="full") == step(perf, recompute="full")
