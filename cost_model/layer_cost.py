@@ -23,7 +23,10 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
   more all-gathers per backward. Korthikanti Table 4 shows it: SP saves 0.5 ms of the 22B layer's
   forward but only 0.1 ms of its backward.
 * EP: an all-to-all to dispatch the k routed copies of each token and one to combine them, per
-  forward and again per backward (Lepikhin et al. 2020, GShard). Group: ep ranks, stride tp.
+  forward and again per backward (Lepikhin et al. 2020, GShard). Group: ep ranks, stride tp. A flex
+  dispatcher (``Software.ep_dispatch``) sends a token over the network once per remote node instead of
+  once per expert (``collectives.deduplicated_all_to_all_time``); Megatron's 1F1B A2A overlap
+  (``Software.ep_comm_overlap``) hides the forward's under the paired backward's compute and vice versa.
 * CP: ring attention (Liu et al. 2023) all-gathers K and V of the whole sequence per forward and
   all-gathers them again plus reduce-scatters their gradients per backward; the transfers overlap
   the attention core, so only what exceeds it is exposed. Group: cp ranks, stride tp.
