@@ -172,9 +172,9 @@ def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, g
         return collective_time("all-to-all", token_bytes * top_k, group_size, stride, cluster)
     inner_tier, inner = phases[0]
     domains = group_size / inner
-    per_domain = experts / domains
+    per_domain = round(experts / domains)  # whole: ep divides the experts and the domains divide ep
     k = min(top_k, experts)
-    missed = math.comb(experts - round(per_domain), k) / math.comb(experts, k) if per_domain >= 1 else 1 - 1 / domains
+    missed = math.comb(experts - per_domain, k) / math.comb(experts, k)
     remote = (domains - 1) * (1 - missed)
     outer_s = max(token_bytes * remote / tier.bus_Bps(Collective.ALL_TO_ALL, round(n)) for tier, n in phases[1:])
     inner_s = token_bytes * top_k * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, round(inner))

@@ -150,8 +150,8 @@ def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
     return ops + ((("all-gather", param_b, "bwd", regather, "units"),) if regather > 0 else ())
 
 
-def _calls(how: str, nbytes: float, params: RankParams, group_size: int, count: float = 0.0,
-           software: Software = DEFAULT) -> int:
+def _calls(how: str, nbytes: float, count: float, params: RankParams, group_size: int, software: Software) -> int:
+    """Calls one collective of ``count`` parameters (``nbytes``) is cut into (``_ops``'s ``how``)."""
     if how == "units":
         return params.units
     if how == "tensors":
@@ -220,7 +220,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
             for kind, elem_b, phase, part, how in ops_of(own_ops[0] if own_ops else
                                                         _ops(zero_stage, param_b, grad_b, regather, software)):
                 # one collective's bandwidth time, plus the latency of every further call it is cut into
-                calls = _calls(how, part * count * elem_b, params, size, part * count, software)
+                calls = _calls(how, part * count * elem_b, part * count, params, size, software)
                 t = part * time_of(kind, count * elem_b, size, stride, cluster)
                 t += (calls - 1) * part * time_of(kind, 1.0, size, stride, cluster)
                 if on_cores:  # CPU ranks: each call also waits for the rank computing last (calibrated);

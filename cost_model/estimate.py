@@ -125,7 +125,7 @@ def _rank_time(layers: RankLayers, layer: LayerCost, edge: LayerCost | None, sum
         fwd, bwd, comm = fwd + edge.fwd_compute_s, bwd + edge.bwd_compute_s, comm + edge.fwd_comm_s + edge.bwd_comm_s
         moved["tp"] += edge.comm_bytes_fwd["tp"]
     params = rank_params(summary, layers, plan.mesh.tp, plan.mesh.ep, replicated_params(plan, summary.dims),
-                         expert_tp=software.expert_tp and not plan.mesh.ep_over_tp)
+                         expert_tp=software.splits_experts_over_tp(plan.mesh.ep_over_tp))
     dp = data_parallel_cost(params, cluster=cluster, mesh=plan.mesh, zero_stage=plan.zero_stage, dtype=plan.dtype,
                             microbatches=plan.num_microbatches, fwd_window_s=fwd, bwd_window_s=bwd, software=software,
                             recomputed_share=layers.full / max(n, 1), zero_group=plan.zero_group)

@@ -192,7 +192,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     ``graph_cost.graph_memory``), else priced per layer here."""
     mesh = plan.mesh
     params = rank_params(summary, layers, mesh.tp, mesh.ep, replicated_params(plan, summary.dims),
-                         expert_tp=software.expert_tp and not mesh.ep_over_tp)
+                         expert_tp=software.splits_experts_over_tp(mesh.ep_over_tp))
     replicas = mesh.dp * mesh.cp
     shard_group = plan.zero_group * mesh.cp if plan.zero_group else replicas  # HSDP: ZeRO inside the group
     state_dtype = _state_dtype(plan.dtype, software)

@@ -134,7 +134,7 @@ def expert_split(shape: LayerShape) -> int:
     """How many ways each expert's FFN is split over the tp ranks: tp where the program shards experts like
     the dense MLP (``Software.expert_tp``, Megatron-Core), else 1 (meshplan's runtime keeps them whole on
     every tp rank, which runs the whole MoE; and an ep group that takes tp ranks, ``ep_over_tp``)."""
-    return shape.tp if shape.software.expert_tp and not shape.ep_over_tp else 1
+    return shape.tp if shape.software.splits_experts_over_tp(shape.ep_over_tp) else 1
 
 
 def expert_tokens(shape: LayerShape) -> float:
@@ -263,10 +263,11 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0
     if d.family == "moe" and ep > 1:  # ep ranks at stride tp, or consecutive when the group takes tp ranks
-        routed = act * d.top_k / (tp if shape.ep_over_tp else 1)
+        tokens = expert_tokens(shape) * d.hidden * ab  # bytes of the tokens this rank routes
+        routed = tokens * d.top_k
         stride = 1 if shape.ep_over_tp else tp
         if shape.software.ep_dispatch == "hybridep":  # one copy per remote node, not per expert (Software.ep_dispatch)
-            one = deduplicated_all_to_all_time(routed / d.top_k, d.top_k, d.experts, ep, stride, cluster)
+            one = deduplicated_all_to_all_time(tokens, d.top_k, d.experts, ep, stride, cluster)
         else:
             one = collective_time("all-to-all", routed, ep, stride, cluster)
         ep_s, ep_b = 2 * one, 2 * bus_bytes("all-to-all", routed, ep)

@@ -244,6 +244,11 @@ class Software:
         """Whether this program runs dropout in a model of ``family`` (``dropout``: GPT only)."""
         return self.dropout and family == "gpt"
 
+    def splits_experts_over_tp(self, ep_over_tp: bool) -> bool:
+        """Whether each expert's FFN is split over the tp ranks (``expert_tp``); never when the ep group takes
+        the tp ranks (``ir.Mesh.ep_over_tp``: each expert whole on its ranks)."""
+        return self.expert_tp and not ep_over_tp
+
     def keeps_fp8_weights(self, dtype: str, zero_stage: int) -> bool:
         """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8 (``fp8_param_gather``: with
         the distributed optimizer, ZeRO-1, only)."""
