@@ -120,8 +120,10 @@ SOFTWARE = {
     # Megatron's GPT default of 0.1 for the GPT family; Llama rows run without it, Software.drops_out), and FP8
     # through Transformer Engine.
     # NeMo's performance scripts reduce gradients in bf16 (scripts/performance/helpers.py @8cfedd7203, the
-    # long-sequence table's commit; assumed for the 24.07 summary too): megatron-core-perf-recipes.
-    "nemo": "megatron-core-perf-recipes",
+    # long-sequence table's commit; assumed for the 24.07 summary too): the perf-recipes program, with the
+    # attention at FlashAttention-2's rate (no benchmark of those containers' cuDNN is published):
+    # nemo-perf-recipes-2024.
+    "nemo": "nemo-perf-recipes-2024",
     # Megatron-Bridge (NeMo 25.09-26.08 containers) trains Megatron-Core models with the same overlaps (its perf
     # recipes set comm_overlap with TP userbuffers and overlap_param_gather); same differences as "nemo". Rows with
     # FSDP > 0 ran Megatron-FSDP, predicted as ZeRO-3 under this preset (whole-layer prefetch, hierarchical

@@ -16,7 +16,9 @@ measurement) or, for a placeholder, that it is one. The keys::
                       themselves: name, peak_flops and matmul_efficiency per dtype, memory_bytes,
                       reserved_bytes, memory_bw_Bps, memory_efficiency, attention_efficiency,
                       kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``), and
-                      optionally attention_by_seq_len ([[sequence length, efficiency], ...], published)
+                      optionally attention_by_seq_len ([[sequence length, efficiency], ...], published),
+                      cudnn_attention_by_seq_len ([[sequence length, forward efficiency, backward time
+                      over forward], ...]: cuDNN's fused attention, what Transformer Engine runs)
                       and host_link_Bps (bytes/s each way between a GPU and host memory: what
                       offloaded activations cross; absent or 0: activations are never offloaded)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
@@ -65,7 +67,7 @@ _KEYS = {
     "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
                 "tiers"),
     "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
-                    "host_link_Bps"),
+                    "cudnn_attention_by_seq_len", "host_link_Bps"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -207,21 +209,25 @@ def _accelerator(data: Any, where: str) -> Accelerator:
     extra = {}
     if "attention_by_seq_len" in data:
         extra["attention_by_seq_len"] = _pairs(data["attention_by_seq_len"], f"{where}.attention_by_seq_len")
+    if "cudnn_attention_by_seq_len" in data:
+        extra["cudnn_attention_by_seq_len"] = _pairs(data["cudnn_attention_by_seq_len"],
+                                                     f"{where}.cudnn_attention_by_seq_len", width=3)
     if "host_link_Bps" in data:
         extra["host_link_Bps"] = _real(data["host_link_Bps"], f"{where}.host_link_Bps")
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
 
 
-def _pairs(entry: Any, where: str) -> tuple[tuple[float, float], ...]:
-    """A ``{"value": [[x, y], ...], "source"}`` entry's pairs of finite numbers (at most 64)."""
+def _pairs(entry: Any, where: str, width: int = 2) -> tuple[tuple[float, ...], ...]:
+    """A ``{"value": [[x, y], ...], "source"}`` entry's pairs (``width`` 3: triples) of finite numbers (at most 64)."""
     value = _value(entry, where)
     ok = isinstance(value, list) and 0 < len(value) <= 64 and all(
-        isinstance(p, list) and len(p) == 2 and all(not isinstance(x, bool) and isinstance(x, (int, float))
-                                                    and math.isfinite(x) for x in p) for p in value)
+        isinstance(p, list) and len(p) == width and all(not isinstance(x, bool) and isinstance(x, (int, float))
+                                                        and math.isfinite(x) for x in p) for p in value)
     if not ok:
-        raise InvalidClusterError(f"{where}: value must be a list of 1 to 64 [number, number] pairs, "
-                                  f"got {_short(repr(value))}")
-    return tuple((float(a), float(b)) for a, b in value)
+        shape = ", ".join(["number"] * width)
+        raise InvalidClusterError(f"{where}: value must be a list of 1 to 64 [{shape}] "
+                                  f"{'pairs' if width == 2 else 'triples'}, got {_short(repr(value))}")
+    return tuple(tuple(float(x) for x in p) for p in value)
 
 
 def _domain(entry: Any, where: str, gpus_per_node: int, world: int) -> int:

@@ -122,6 +122,10 @@ class Accelerator:
     # published (sequence length, efficiency) of the fused attention, forward + backward, causal (GPU presets:
     # the kernel's tiles fill the SMs better as the sequence grows); empty: attention_efficiency at every length
     attention_by_seq_len: tuple[tuple[float, float], ...] = ()
+    # published (sequence length, forward efficiency, backward time over forward) of cuDNN's fused attention
+    # (what Transformer Engine runs: ``Software.attention_kernel == "cudnn"``), causal, bf16, head dim 128;
+    # empty: the program's attention is costed as the default kernel's above
+    cudnn_attention_by_seq_len: tuple[tuple[float, float, float], ...] = ()
     # bytes per second, each direction, between one GPU and host memory (PCIe, NVLink-C2C): what offloaded
     # activations cross; 0: none (a CPU rank's activations are already in host memory)
     host_link_Bps: float = 0.0
@@ -175,6 +179,13 @@ class Accelerator:
         if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1) for n, e in self.attention_by_seq_len):
             raise InvalidClusterError(f"{who}: attention_by_seq_len needs (sequence length > 0, increasing; "
                                       f"efficiency in (0, 1]) pairs, got {self.attention_by_seq_len!r}")
+        object.__setattr__(self, "cudnn_attention_by_seq_len", tuple(tuple(r) for r in self.cudnn_attention_by_seq_len))
+        lengths = [r[0] for r in self.cudnn_attention_by_seq_len]
+        if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1 and ratio > 0)
+                                                  for n, e, ratio in self.cudnn_attention_by_seq_len):
+            raise InvalidClusterError(f"{who}: cudnn_attention_by_seq_len needs (sequence length > 0, increasing; "
+                                      f"forward efficiency in (0, 1]; backward ratio > 0) triples, "
+                                      f"got {self.cudnn_attention_by_seq_len!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -185,7 +196,7 @@ class Accelerator:
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
             self.sync_overhead_s, self.fsdp_unit_s, self.tp_style_fwd_s, self.tp_style_bwd_s,
             self.transcendental_s_per_elem, self.first_touch_s_per_byte,
-            self.attention_by_head_dim, self.attention_by_seq_len)))
+            self.attention_by_head_dim, self.attention_by_seq_len, self.cudnn_attention_by_seq_len)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -205,14 +216,18 @@ class Accelerator:
     def achievable_flops(self, dtype: str) -> float:
         return self.peak(dtype) * self.matmul_efficiency[dtype]
 
-    def attention_at(self, head_dim: float | None, seq_len: float | None = None) -> tuple[float, float]:
+    def attention_at(self, head_dim: float | None, seq_len: float | None = None,
+                     kernel: str = "fa2") -> tuple[float, float]:
         """(efficiency, backward time over forward) of the fused attention at ``head_dim``: linear in
-        log2(head dim) between the measured ones, the nearest beyond them; else, where the accelerator
-        has a published curve by sequence length, linear in log2(``seq_len``) on it (the nearest end
-        beyond it) with a backward of 2.5 forwards; else ``attention_efficiency`` and 2.5
+        log2(head dim) between the measured ones, the nearest beyond them; else, for ``kernel`` "cudnn" where
+        the accelerator has cuDNN's published curve, linear in log2(``seq_len``) on it (the nearest end beyond
+        it); else, where the accelerator has a published curve of its default kernel by sequence length, the
+        same on that one with a backward of 2.5 forwards; else ``attention_efficiency`` and 2.5
         (``kernels.attention_fwd_bwd_s``)."""
         if self.attention_by_head_dim and head_dim:
             return _on_log2_curve(self.attention_by_head_dim, head_dim)
+        if kernel == "cudnn" and self.cudnn_attention_by_seq_len and seq_len:
+            return _on_log2_curve(self.cudnn_attention_by_seq_len, seq_len)
         if self.attention_by_seq_len and seq_len:
             return _on_log2_curve(self.attention_by_seq_len, seq_len)[0], 2.5
         return self.attention_efficiency, 2.5

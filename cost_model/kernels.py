@@ -118,14 +118,15 @@ def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: fl
 
 def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
                         causal: bool = True, head_dim: float | None = None, speed: float = 1.0,
-                        seq_len: float | None = None) -> tuple[float, float]:
+                        seq_len: float | None = None, kernel: str = "fa2") -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention core whose forward counts ``counted_flops``
     (4*b*s_q*s_k*h, causal counted as full), with heads ``head_dim`` wide: at the efficiency and
     backward ratio measured at that head dim where the accelerator has them (``Accelerator.attention_at``);
     ``speed``: the program's kernel's rate over the one the accelerator measured (``Software.attention_speed``);
-    ``seq_len``: the length one kernel call runs over (its queries), for an accelerator's curve by length."""
+    ``seq_len``: the length one kernel call runs over (its queries), for an accelerator's curve by length;
+    ``kernel``: the program's fused-attention kernel, "fa2" or "cudnn" (``Software.attention_kernel``)."""
     compute_dtype = "bfloat16" if dtype == "float8" and "bfloat16" in accel.peak_flops else dtype
     executed = counted_flops * (0.5 if causal else 1.0)
-    efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len)
+    efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len, kernel)
     fwd = executed / (accel.peak(compute_dtype) * efficiency * speed) + accel.kernel_overhead_s
     return fwd, bwd_ratio * fwd

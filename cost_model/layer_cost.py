@@ -213,7 +213,8 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
         return f * d.core_scale, b * d.core_scale  # core_scale: the traced block's attention where the shapes miss it
     core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
     return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim,
-                               speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp)
+                               speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
+                               kernel=shape.software.attention_kernel)
 
 
 def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float]:

@@ -19,6 +19,11 @@ Fields:
   H100 alike: Dao 2023, FlashAttention-2 (arXiv:2307.08691) Fig. 4 (A100: Triton 68 against FA2 155
   TFLOPs/s at 2k, 78 against 182 at 8k) and Fig. 7 (H100: FA1 108 against 265 at 2k, 135 against 308 at
   8k); sec. 4: FA2 is "1.3-2.5x faster than FlashAttention in Triton".
+* ``attention_kernel``: which fused kernel runs the attention: ``"fa2"`` (FlashAttention-2, PyTorch SDPA's
+  flash backend: the accelerator's ``attention_by_seq_len`` / ``attention_efficiency``) or ``"cudnn"``
+  (cuDNN's fused attention, which Transformer Engine's ``DotProductAttention`` selects as its
+  ``FusedAttention`` backend on Hopper and Blackwell: the accelerator's ``cudnn_attention_by_seq_len``,
+  NVIDIA's own training benchmark of it, where the preset has one; else the default kernel's rate).
 * ``dropout``: hidden and attention dropout on (Megatron's GPT default, 0.1): masks are written and
   kept (Korthikanti et al. 2022 sec. 4 counts them in the activation memory). It is the default of
   Megatron's ``TransformerConfig`` (``hidden_dropout`` and ``attention_dropout`` 0.1), which its GPT
@@ -183,6 +188,7 @@ from dataclasses import dataclass
 from ..ir.errors import PlanError
 
 ATTENTION = ("flash", "plain")
+ATTENTION_KERNELS = ("fa2", "cudnn")
 EP_DISPATCH = ("alltoall", "hybridep")
 CROSS_ENTROPY = ("upcast", "flash", "te")
 
@@ -192,6 +198,7 @@ class Software:
     name: str
     attention: str = "flash"
     attention_speed: float = 1.0
+    attention_kernel: str = "fa2"
     dropout: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
@@ -225,6 +232,9 @@ class Software:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
             raise PlanError(f"software {self.name!r}: attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise PlanError(f"software {self.name!r}: attention_kernel must be one of {ATTENTION_KERNELS}, "
+                            f"got {self.attention_kernel!r}")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise PlanError(f"software {self.name!r}: cross_entropy must be one of {CROSS_ENTROPY}, "
                             f"got {self.cross_entropy!r}")
@@ -297,9 +307,20 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
 # ``_perf_precision`` (src/megatron/bridge/perf_recipes/_common.py @067f987df0), NeMo
 # ``set_precision_configs`` (scripts/performance/helpers.py @8cfedd7203); and the loss is Transformer Engine's
 # fused cross-entropy: ``_benchmark_common`` sets ``cross_entropy_fusion_impl`` to "te" (its default) and
-# Megatron-Bridge's ``GPTModelProvider`` turns ``cross_entropy_loss_fusion`` on (models/gpt_provider.py).
+# Megatron-Bridge's ``GPTModelProvider`` turns ``cross_entropy_loss_fusion`` on (models/gpt_provider.py). The
+# attention is cuDNN's: the recipes leave ``attention_backend`` unset (None: Transformer Engine chooses; e.g.
+# src/megatron/bridge/recipes/llama/llama3.py @v0.4.0), and TE's ``DotProductAttention`` runs its cuDNN
+# ``FusedAttention`` backend on Hopper and Blackwell, priced at NVIDIA's 2026 cuDNN training benchmark
+# (``Accelerator.cudnn_attention_by_seq_len``: cuDNN 9.19 on H200, 9.22 on GB200 and GB300).
 MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
-                                                 fp32_grad_reduce=False, cross_entropy="te")
+                                                 fp32_grad_reduce=False, cross_entropy="te", attention_kernel="cudnn")
+
+# NeMo's performance scripts of 2024 (containers 24.03-25.04; scripts/performance @8cfedd7203): the program above,
+# with the attention priced at FlashAttention-2's published rate: no benchmark of the cuDNN those containers
+# shipped is published, and the cuDNN curves above were measured two years later. (On H100 its long-sequence
+# table, 4K to 1M tokens, sits within 5% of FA2's rate and 50-75% below cuDNN 9.19's.)
+NEMO_PERF_RECIPES_2024 = dataclasses.replace(MEGATRON_CORE_PERF_RECIPES, name="nemo-perf-recipes-2024",
+                                             attention_kernel="fa2")
 
 # The same recipes where they dispatch MoE tokens with Megatron's flex dispatcher and the HybridEP backend
 # (``moe_flex_dispatcher_backend="hybridep"`` in the workload's base config: every DeepSeek-V3 one, and some
@@ -336,7 +357,8 @@ LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-
 LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
 
 SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
-                                MEGATRON_CORE_PERF_RECIPES, MEGATRON_CORE_PERF_RECIPES_HYBRIDEP, LLM_FOUNDRY_2023,
+                                MEGATRON_CORE_PERF_RECIPES, MEGATRON_CORE_PERF_RECIPES_HYBRIDEP, NEMO_PERF_RECIPES_2024,
+                                LLM_FOUNDRY_2023,
                                 LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}
 
 

@@ -334,6 +334,29 @@ def test_attention_follows_the_published_curve_by_sequence_length() -> None:
     assert accel.attention_at(None)[0] == accel.attention_efficiency  # no length: the flat figure
 
 
+def test_cudnn_attention_follows_nvidia_s_training_benchmark_where_the_program_runs_it() -> None:
+    """The GB200 and GB300 presets carry cuDNN's training SDPA benchmark (NVIDIA/cudnn-frontend
+    benchmark/sdpa_benchmark_training/results/llama3.1, bf16, causal, 64 x 128 query heads): forward TFLOP/s
+    over the 2500 TF peak and the backward's time over the forward's. A program that runs cuDNN (Transformer
+    Engine: the Megatron-Core perf-recipes preset) is timed on that curve; one that runs FlashAttention-2
+    (meshplan's SDPA) keeps the preset's default figure; and Blackwell Ultra's faster attention shows."""
+    from meshplan.cost_model.kernels import attention_fwd_bwd_s
+
+    gb200, gb300 = (Cluster.preset(n).accelerator for n in ("gb200-nvl72", "gb300-nvl72"))
+    curve = {s: (e, r) for s, e, r in gb200.cudnn_attention_by_seq_len}
+    assert curve[8192][0] == pytest.approx(1574 / 2500, abs=1e-3)  # the csv's 8k forward: 1.397 ms, 1574 TF
+    assert curve[8192][1] == pytest.approx(4.127 / 1.397, abs=0.01)  # its backward: 4.127 ms
+    assert gb200.attention_at(128, 8192, "cudnn") == curve[8192]
+    assert gb200.attention_at(128, 8192, "fa2") == gb200.attention_at(128, 8192) == (gb200.attention_efficiency, 2.5)
+    flops = 4 * 2 * 64 * 8192 * 8192 * 128  # b=2, 64 heads, 8k: the benchmark's row
+    fwd, bwd = attention_fwd_bwd_s(gb200, "bfloat16", flops, seq_len=8192, kernel="cudnn")
+    assert fwd == pytest.approx(1.397e-3 + gb200.kernel_overhead_s, rel=0.01) and bwd == pytest.approx(4.127e-3, rel=0.01)
+    ultra = sum(attention_fwd_bwd_s(gb300, "bfloat16", flops, seq_len=8192, kernel="cudnn"))
+    assert ultra == pytest.approx((1.185 + 3.832) / (1.397 + 4.127) * (fwd + bwd), rel=0.01)  # GB300: 9% faster
+    a100 = Cluster.preset("a100-80gb").accelerator  # no cuDNN curve: the kernel falls back to the default one
+    assert a100.attention_at(128, 4096, "cudnn") == a100.attention_at(128, 4096)
+
+
 def _h100_numbers() -> dict:
     """A cluster file of two nodes whose accelerator is the h100-sxm preset's numbers, written out."""
     data = four_by_100g()
@@ -345,6 +368,9 @@ def _h100_numbers() -> dict:
     ("attention_by_seq_len", [[2048, 0.5], [1024, 0.4]], "increasing"),
     ("attention_by_seq_len", [[1024, 1.5]], "efficiency in"), ("attention_by_seq_len", [], "pairs"),
     ("attention_by_seq_len", [[1024, "fast"]], "pairs"), ("attention_by_seq_len", 0.5, "pairs"),
+    ("cudnn_attention_by_seq_len", [[2048, 0.5]], "triples"),
+    ("cudnn_attention_by_seq_len", [[2048, 0.5, 3.0], [1024, 0.4, 3.0]], "increasing"),
+    ("cudnn_attention_by_seq_len", [[2048, 0.5, -1.0]], "backward ratio > 0"),
     ("host_link_Bps", -1.0, ">= 0"), ("host_link_Bps", "fast", "finite number"),
     ("host_link_Bps", float("inf"), "finite")])
 def test_a_malformed_accelerator_field_is_refused_naming_it(tmp_path, field, value, rule) -> None:
