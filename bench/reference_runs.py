@@ -169,6 +169,7 @@ class Run:
     measured_step_s: float | None
     assumed: str  # what the row does not say and we assumed, or ""
     ep_overlap: bool  # the row's config overlaps the EP all-to-alls with compute (``software_of_run``)
+    mxfp8: bool  # the row trained in MXFP8 (its dtype cell): block scales, not its preset's FP8 recipe
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -313,8 +314,11 @@ def software_of(source: str, row: dict[str, str]) -> str:
 
 def software_of_run(run: Run) -> Software:
     """The program a run is costed as: its preset (``software_of``), with Megatron's 1F1B A2A overlap where the
-    row's workload config turns it on (``ep_overlap``; ``Software.ep_comm_overlap``)."""
+    row's workload config turns it on (``ep_overlap``; ``Software.ep_comm_overlap``), and MXFP8's block scaling
+    where the row trained in MXFP8 (``Software.fp8_recipe``; the perf recipes' "FP8" is current scaling)."""
     software = software_named(run.software)
+    if run.mxfp8 and software.fp8_recipe != "mxfp8":
+        software = dataclasses.replace(software, name=software.name + "+mxfp8", fp8_recipe="mxfp8")
     if run.ep_overlap:
         software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
     return software
@@ -426,7 +430,7 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
     return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
-               graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true")
+               graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8")
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}

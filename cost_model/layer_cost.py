@@ -48,7 +48,8 @@ each output gradient the same way in the backward: 2 bytes read and 2 written pe
 transpose where ``nvte_is_non_tn_fp8_gemm_supported`` is false, i.e. before Blackwell). Megatron-Core
 feeds TE four GEMMs per layer, QKV and fc1 fused (``linear_qkv``, ``linear_fc1``), so four inputs and
 four output gradients are cast. Weights are cast once per step and cached across micro-batches
-(TE ``is_first_microbatch``), not counted here.
+(TE ``is_first_microbatch``), not counted here. Current scaling (``Software.fp8_recipe == "tensorwise"``) reads
+each tensor once more, and in a kernel of its own, to take its amax before the cast: 6 bytes per element.
 
 A recomputed forward (full recompute) repeats the forward's compute and its communication.
 """
@@ -171,7 +172,8 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     moves (module docstring): the inputs of Megatron-Core's four GEMMs (QKV, projection, fc1, fc2) in the
     forward, their output gradients in the backward, 2 bytes read and 2 written per element; 0 unless
     ``shape.dtype`` is float8. Under SP the QKV and fc1 inputs are cast on the sequence slice (TE
-    quantizes before its FP8 all-gather)."""
+    quantizes before its FP8 all-gather). Current scaling adds an amax pass: 2 bytes more read per element,
+    one kernel more per cast."""
     if shape.dtype != "float8":
         return 0.0, 0, 0.0, 0
     d, m, t = shape.dims, shape.tokens, shape.tp
@@ -182,7 +184,9 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
     inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
     grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)
-    return 4.0 * inputs, 4, 4.0 * grads, 4
+    current = shape.software.fp8_recipe == "tensorwise"
+    per_elem, kernels = (6.0, 8) if current else (4.0, 4)
+    return per_elem * inputs, kernels, per_elem * grads, kernels
 
 
 def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:

@@ -130,6 +130,12 @@ Fields:
   ``bf16_with_mxfp8_mixed`` (src/megatron/bridge/training/mixed_precision.py @067f987df0:
   ``cfg.fp8_param_gather = True``), which ``_perf_precision`` returns; ``meshplan export --to megatron``
   passes ``--fp8-param-gather`` with an FP8 ZeRO-1 plan, so both Megatron-Core presets carry it.
+* ``fp8_recipe``: how Transformer Engine scales FP8 tensors (Megatron-Core ``--fp8-recipe``):
+  ``"delayed"`` (from an amax history: one read of each tensor per quantization), ``"tensorwise"``
+  (current scaling, ``Float8CurrentScaling``: "FP8 Current Scaling requires two tensor reads per
+  quantization: one to compute amax, one to cast", Transformer Engine docs, features/low_precision_training/
+  fp8_delayed_scaling) or ``"mxfp8"`` (block scales computed in the casting pass: one read). Priced in
+  ``layer_cost.fp8_cast_bytes``; it matters only for plans in float8.
 * ``cross_entropy``: how the loss is computed over the logits. ``"upcast"``: log-softmax of the logits upcast
   to fp32, then NLL (meshplan's runtime, ``zoo.loss_fn``). ``"flash"``: FlashAttention's fused kernel over
   the 16-bit logits (``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it
@@ -189,6 +195,7 @@ from ..ir.errors import PlanError
 
 ATTENTION = ("flash", "plain")
 ATTENTION_KERNELS = ("fa2", "cudnn")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
 EP_DISPATCH = ("alltoall", "hybridep")
 CROSS_ENTROPY = ("upcast", "flash", "te")
 
@@ -224,6 +231,7 @@ class Software:
     cross_entropy: str = "upcast"
     offload_overlap: bool = False
     fp8_param_gather: bool = False
+    fp8_recipe: str = "delayed"
     expert_tp: bool = False
     megatron_buckets: bool = False
     ep_dispatch: str = "alltoall"
@@ -235,6 +243,8 @@ class Software:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise PlanError(f"software {self.name!r}: attention_kernel must be one of {ATTENTION_KERNELS}, "
                             f"got {self.attention_kernel!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise PlanError(f"software {self.name!r}: fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise PlanError(f"software {self.name!r}: cross_entropy must be one of {CROSS_ENTROPY}, "
                             f"got {self.cross_entropy!r}")
@@ -311,16 +321,21 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
 # attention is cuDNN's: the recipes leave ``attention_backend`` unset (None: Transformer Engine chooses; e.g.
 # src/megatron/bridge/recipes/llama/llama3.py @v0.4.0), and TE's ``DotProductAttention`` runs its cuDNN
 # ``FusedAttention`` backend on Hopper and Blackwell, priced at NVIDIA's 2026 cuDNN training benchmark
-# (``Accelerator.cudnn_attention_by_seq_len``: cuDNN 9.19 on H200, 9.22 on GB200 and GB300).
+# (``Accelerator.cudnn_attention_by_seq_len``: cuDNN 9.19 on H200, 9.22 on GB200 and GB300). Their FP8 is current
+# scaling: the tables' "FP8" is ``fp8_cs``, ``bf16_with_fp8_current_scaling_mixed`` (Megatron-Bridge
+# scripts/performance/utils/precision.py @v0.4.0); their "MXFP8" rows take ``fp8_recipe="mxfp8"``.
 MEGATRON_CORE_PERF_RECIPES = dataclasses.replace(MEGATRON_CORE_2024, name="megatron-core-perf-recipes",
-                                                 fp32_grad_reduce=False, cross_entropy="te", attention_kernel="cudnn")
+                                                 fp32_grad_reduce=False, cross_entropy="te", attention_kernel="cudnn",
+                                                 fp8_recipe="tensorwise")
 
 # NeMo's performance scripts of 2024 (containers 24.03-25.04; scripts/performance @8cfedd7203): the program above,
 # with the attention priced at FlashAttention-2's published rate: no benchmark of the cuDNN those containers
 # shipped is published, and the cuDNN curves above were measured two years later. (On H100 its long-sequence
-# table, 4K to 1M tokens, sits within 5% of FA2's rate and 50-75% below cuDNN 9.19's.)
+# table, 4K to 1M tokens, sits within 5% of FA2's rate and 50-75% below cuDNN 9.19's.) Its FP8 is delayed
+# scaling: Megatron-Core builds Float8CurrentScaling only with Transformer Engine >= 2.2 (megatron/core/fp8_utils.py),
+# released in 2025.
 NEMO_PERF_RECIPES_2024 = dataclasses.replace(MEGATRON_CORE_PERF_RECIPES, name="nemo-perf-recipes-2024",
-                                             attention_kernel="fa2")
+                                             attention_kernel="fa2", fp8_recipe="delayed")
 
 # The same recipes where they dispatch MoE tokens with Megatron's flex dispatcher and the HybridEP backend
 # (``moe_flex_dispatcher_backend="hybridep"`` in the workload's base config: every DeepSeek-V3 one, and some

@@ -27,6 +27,8 @@ VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
 # the software presets the cost model prices with Megatron's flex dispatcher and the HybridEP backend
 # (cost_model.software: Software.ep_dispatch "hybridep"); export may not import the cost model, so by name
 HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep"})
+# the presets the cost model prices with FP8 current scaling (Software.fp8_recipe "tensorwise"), by name as above
+TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep"})
 # flag -> (dest, kind, choices); kind "int", "str" or "true" (store_true)
 FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", "int", ()),
@@ -55,9 +57,11 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--recompute-num-layers": ("recompute_num_layers", "int", ()),
     "--bf16": ("bf16", "true", ()),
     "--fp16": ("fp16", "true", ()),
-    # megatron/core/transformer/transformer_config.py: fp8 (--fp8-format) e4m3 | hybrid; fp8_recipe defaults to
-    # delayed (the recipe the cost model prices: layer_cost.fp8_cast_bytes)
+    # megatron/core/transformer/transformer_config.py: fp8 (--fp8-format) e4m3 | hybrid; fp8_recipe (--fp8-recipe,
+    # megatron/core/enums.py Fp8Recipe) defaults to delayed; the cost model prices delayed, tensorwise (current
+    # scaling) and mxfp8 (layer_cost.fp8_cast_bytes)
     "--fp8-format": ("fp8", "str", ("e4m3", "hybrid")),
+    "--fp8-recipe": ("fp8_recipe", "str", ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")),
     # "Keep the compute param in fp8 (do not use any other intermediate dtype) and perform the param all-gather
     # in fp8"; only with the distributed optimizer (ZeRO-1 here), as arguments.py asserts
     "--fp8-param-gather": ("fp8_param_gather", "true", ()),
@@ -189,6 +193,8 @@ def to_megatron(plan: Plan) -> str:
     args += _memory_args(plan)
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"]}.get(
         plan.dtype, [])  # FP8 GEMMs under Transformer Engine, bf16 elsewhere
+    if plan.dtype == "float8" and plan.software in TENSORWISE_FP8_SOFTWARE:
+        args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
     args += _model_args(plan)

@@ -606,3 +606,21 @@ def test_transformer_engine_s_cudnn_attention_runs_the_core_at_its_benchmarked_r
     assert fa2.fwd_compute_s - fa2.core_fwd_s == pytest.approx(cudnn.fwd_compute_s - cudnn.core_fwd_s)
     with pytest.raises(ir.PlanError, match="attention_kernel must be one of"):
         Software(name="bad", attention_kernel="flash3")
+
+
+def test_current_scaling_reads_each_fp8_operand_twice() -> None:
+    """Transformer Engine's current scaling (Megatron ``--fp8-recipe tensorwise``, the perf recipes' "FP8") takes each
+    tensor's amax in a pass of its own before the cast ("two tensor reads per quantization", TE docs): 6 bytes an
+    element and twice the kernels, where delayed scaling and MXFP8 move 4; a recipe TE lacks is refused."""
+    from meshplan.cost_model.layer_cost import fp8_cast_bytes
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    recipes = software_named("megatron-core-perf-recipes")
+    assert recipes.fp8_recipe == "tensorwise" and software_named("nemo-perf-recipes-2024").fp8_recipe == "delayed"
+    shape = LayerShape(dims=llama, micro_batch=2, seq_len=4096, dtype="float8", software=recipes)
+    current = fp8_cast_bytes(shape)
+    delayed, mx = (fp8_cast_bytes(dataclasses.replace(shape, software=dataclasses.replace(recipes, fp8_recipe=r)))
+                   for r in ("delayed", "mxfp8"))
+    assert delayed == mx and current == (1.5 * delayed[0], 8, 1.5 * delayed[2], 8) and delayed[1] == 4
+    with pytest.raises(ir.PlanError, match="fp8_recipe must be one of"):
+        Software(name="bad", fp8_recipe="nvfp4")

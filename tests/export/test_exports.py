@@ -179,3 +179,8 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     assert not megatron.parse(export(dataclasses.replace(fp8, dtype="bfloat16"), "megatron")).fp8_param_gather
     zero3 = dataclasses.replace(_no_recompute(plan("zero3")), dtype="float8")
     assert not megatron.parse(export(zero3, "megatron")).fp8_param_gather
+    # the recipe the plan was priced with (Software.fp8_recipe): Megatron's default, delayed scaling, unless the
+    # plan's program is the perf recipes', whose FP8 is current scaling ("tensorwise")
+    assert args.fp8_recipe is None
+    recipes = dataclasses.replace(fp8, software="megatron-core-perf-recipes")
+    assert megatron.parse(export(recipes, "megatron")).fp8_recipe == "tensorwise"
