@@ -174,3 +174,30 @@ def test_nvl72_rack_is_one_scale_up_domain_for_tensor_parallelism() -> None:
     plan = mp.autoparallelize("llama3-405b", nvl72, global_batch=512, seq_len=8192, fixed={"tp": 8})
     assert plan.mesh.tp > nvl72.gpus_per_node, plan.report()
     assert plan.prediction.peak_memory_bytes <= plan.prediction.memory_limit_bytes
+
+
+def test_the_plan_returned_is_the_fastest_once_fitted_not_the_ilp_objective_s() -> None:
+    """llm-foundry's MPT-1b on 8 A100 40GB (seq 1024, global batch 1024, its PURE mixed precision): the ILP's linear
+    recompute deltas rank ZeRO-2 with a few layers recomputed first, but its exact estimate needs every layer
+    recomputed to fit and comes out slower than ZeRO-3 without recomputation, the plan the benchmark ran. The search
+    fits candidates in objective order while one could still win (search._fastest_fitted) and returns the fastest
+    (bench/expert_plans.py: that row's ratio went from 0.98 to 1.00)."""
+    from meshplan import zoo
+    from meshplan.cost_model import Cluster, software_named
+    from meshplan.solver import Request, solve
+    from meshplan.solver.space import RUNTIME
+
+    cfg = dict(family="gpt", layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192, vocab=50368,
+               max_seq_len=1024)
+    dims = ir.ModelDims(**{k: v for k, v in cfg.items() if k != "max_seq_len"}, head_dim=128)
+    graph = ir.Graph(nodes=(), params=(ir.Param(name="all", shape=(zoo.param_count(zoo.ModelConfig(**cfg)),)),),
+                     blocks=(), dims=dims)
+    req = Request(graph=graph, cluster=Cluster.preset("a100-40gb", 1, 8), model=cfg, global_batch=1024, seq_len=1024,
+                  dtype="bfloat16", runtime=RUNTIME, top=3, time_limit_s=30,
+                  software=software_named("llm-foundry-2023-pure"))
+    found = solve(req)
+    best = found[0].prediction
+    assert best.peak_memory_bytes <= best.memory_limit_bytes
+    assert (found[0].zero_stage, set(found[0].recompute)) == (3, {ir.Recompute.NONE}), found[0].summary()
+    fitting = [p.prediction.step_time_s for p in found if p.prediction.peak_memory_bytes <= best.memory_limit_bytes]
+    assert best.step_time_s == min(fitting)
