@@ -21,11 +21,12 @@ Rules, so that every candidate is one the runtime can execute and the topology r
   ``torch.distributed.pipelining``) and no ZeRO-3 with zero bubble (FSDP2's resharding after
   forward loses the deferred weight gradients): ``ZERO1_WITH_PP``, ``ZERO3_WITH_ZB``.
 * ``micro_batch * num_microbatches * dp = global_batch``; micro-batches of at most
-  ``MAX_MICRO_BATCH_TOKENS`` tokens per rank (one sequence at least) unless pinned. A GEMM of 64K rows
-  is 256 rows of the 256 x 128 output tiles the presets' ``matmul_tile_elems`` describe, so rounding it
-  to whole waves costs under 0.4%; a larger micro-batch saves only the fixed cost per kernel and adds
+  ``MAX_MICRO_BATCH_TOKENS`` tokens per rank (one sequence at least) unless pinned. A GEMM of 128K rows
+  is 512 rows of the 256 x 128 output tiles the presets' ``matmul_tile_elems`` describe, so rounding it
+  to whole waves costs under 0.2%; a larger micro-batch saves only the fixed cost per kernel and adds
   activation memory. (The bound was 8 sequences, which left out the plans llm-foundry runs small
-  models with at short sequences: MPT-125m at 512 tokens in micro-batches of 128, 64K tokens.)
+  models with at short sequences: MPT-125m at 512 tokens in micro-batches of 128, 64K tokens; then 64K
+  tokens, which left out its MPT-125m at 2048 tokens in micro-batches of 40, 80K tokens.)
 
 ``RUNTIME`` names what the runtime executes today; the search offers nothing else. ``tp_replicate``:
 inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's linears replicated
@@ -70,7 +71,7 @@ MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", 
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
               "schedule", "vp")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
-MAX_MICRO_BATCH_TOKENS = 65536
+MAX_MICRO_BATCH_TOKENS = 131072
 MIN_CP_TOKENS = 1024
 VIRTUAL_STAGES = (2, 4)
 

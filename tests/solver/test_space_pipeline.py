@@ -47,17 +47,18 @@ def test_pipelined_plans_lower(schedule: str, zero: int) -> None:
 
 
 def test_micro_batches_are_bounded_in_tokens_not_sequences() -> None:
-    """A short sequence may be batched up to 64K tokens a rank (llm-foundry runs MPT-125m at 512 tokens in
-    micro-batches of 128), a long one is not batched beyond it, one sequence is always offered, and a pin
-    goes past the bound."""
+    """A short sequence may be batched up to 128K tokens a rank (llm-foundry runs MPT-125m at 512 tokens in
+    micro-batches of 128 and at 2048 in micro-batches of 40), a long one is not batched beyond it, one sequence
+    is always offered, and a pin goes past the bound."""
     from meshplan.solver.space import MAX_MICRO_BATCH_TOKENS
 
     def sizes(seq_len: int, fixed: dict | None = None) -> set[int]:
         return {c.micro_batch for c in candidates(DIMS, world=1, domain=1, global_batch=256, seq_len=seq_len,
                                                   fixed=fixed or {})}
 
-    assert MAX_MICRO_BATCH_TOKENS == 65536
-    assert max(sizes(512)) == 128 and 64 in sizes(512)
-    assert max(sizes(8192)) == 8
-    assert sizes(131072) == {1}
+    assert MAX_MICRO_BATCH_TOKENS == 131072
+    assert max(sizes(512)) == 256 and 64 in sizes(512)
+    assert max(sizes(2048)) == 64 and 32 in sizes(2048)
+    assert max(sizes(8192)) == 16
+    assert sizes(262144) == {1}
     assert sizes(8192, {"micro_batch": 32}) == {32}
