@@ -28,6 +28,7 @@ Everything here is a frozen value; nothing queries the machine.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -63,6 +64,16 @@ def _positive(owner: str, name: str, value: float) -> None:
 def _fraction(owner: str, name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise InvalidClusterError(f"{owner}: {name} must be a fraction in (0, 1], got {value!r}")
+
+
+def _set_curve(accel: "Accelerator", who: str, name: str, point_ok: Callable[..., bool], rule: str) -> None:
+    """Store ``accel.name`` (points ``(sequence length, value, ...)``) as tuples, refusing it unless the lengths
+    increase and every point passes ``point_ok``; ``rule`` says what is needed."""
+    curve = tuple(tuple(r) for r in getattr(accel, name))
+    object.__setattr__(accel, name, curve)
+    lengths = [r[0] for r in curve]
+    if lengths != sorted(set(lengths)) or not all(point_ok(*r) for r in curve):
+        raise InvalidClusterError(f"{who}: {name} needs {rule}, got {curve!r}")
 
 
 def _on_log2_curve(curve: tuple[tuple[float, ...], ...], x: float) -> tuple[float, ...]:
@@ -171,21 +182,13 @@ class Accelerator:
             if not (head_dim > 0 and 0 < eff <= 1 and bwd_ratio > 0):
                 raise InvalidClusterError(f"{who}: attention_by_head_dim needs (head_dim > 0, efficiency in (0, 1], "
                                           f"backward ratio > 0), got ({head_dim!r}, {eff!r}, {bwd_ratio!r})")
-        object.__setattr__(self, "attention_by_seq_len", tuple(tuple(r) for r in self.attention_by_seq_len))
         if not (math.isfinite(self.host_link_Bps) and self.host_link_Bps >= 0):
             raise InvalidClusterError(f"{who}: host_link_Bps must be a finite number >= 0 (0: no host link), "
                                       f"got {self.host_link_Bps!r}")
-        lengths = [r[0] for r in self.attention_by_seq_len]
-        if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1) for n, e in self.attention_by_seq_len):
-            raise InvalidClusterError(f"{who}: attention_by_seq_len needs (sequence length > 0, increasing; "
-                                      f"efficiency in (0, 1]) pairs, got {self.attention_by_seq_len!r}")
-        object.__setattr__(self, "cudnn_attention_by_seq_len", tuple(tuple(r) for r in self.cudnn_attention_by_seq_len))
-        lengths = [r[0] for r in self.cudnn_attention_by_seq_len]
-        if lengths != sorted(set(lengths)) or any(not (n > 0 and 0 < e <= 1 and ratio > 0)
-                                                  for n, e, ratio in self.cudnn_attention_by_seq_len):
-            raise InvalidClusterError(f"{who}: cudnn_attention_by_seq_len needs (sequence length > 0, increasing; "
-                                      f"forward efficiency in (0, 1]; backward ratio > 0) triples, "
-                                      f"got {self.cudnn_attention_by_seq_len!r}")
+        _set_curve(self, who, "attention_by_seq_len", lambda n, e: n > 0 and 0 < e <= 1,
+                   "(sequence length > 0, increasing; efficiency in (0, 1]) pairs")
+        _set_curve(self, who, "cudnn_attention_by_seq_len", lambda n, e, ratio: n > 0 and 0 < e <= 1 and ratio > 0,
+                   "(sequence length > 0, increasing; forward efficiency in (0, 1]; backward ratio > 0) triples")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve

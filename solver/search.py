@@ -272,9 +272,7 @@ def _fastest_fitted(s: _Search, window: list[Candidate], problem: ilp.Problem,
             break
         other = window[nxt.candidate]
         plan = _fit(s.req, other, cost_layers(s, other), *nxt.recompute_layers)
-        pred = plan.prediction
-        fits = pred.peak_memory_bytes <= pred.memory_limit_bytes or s.req.fixed.get("recompute")
-        if fits and pred.step_time_s < best_s:
+        if _fits(s.req, plan) and plan.prediction.step_time_s < best_s:
             best = (other, nxt, plan)
         tried = replace(tried, excluded=tried.excluded | {nxt.candidate})
     return best
@@ -296,8 +294,7 @@ def _fit(req: Request, cand: Candidate, per_rank: int, selective: int, full: int
     while True:
         plan = plan_of(req, cand, selective, full, offload, layouts=True)
         plan = plan.with_prediction(estimate(req.graph, req.cluster, plan, software=req.software))
-        pred = plan.prediction
-        if pred.peak_memory_bytes <= pred.memory_limit_bytes or req.fixed.get("recompute"):
+        if _fits(req, plan):
             return plan
         if offload and alone:
             if offload + 1 >= per_rank:
@@ -311,6 +308,12 @@ def _fit(req: Request, cand: Candidate, per_rank: int, selective: int, full: int
             full, offload = full - 1, offload + 1
         else:
             return plan
+
+
+def _fits(req: Request, plan: Plan) -> bool:
+    """Whether a fitted plan is done: it fits in memory, or its recomputation was pinned (nothing left to add)."""
+    pred = plan.prediction
+    return pred.peak_memory_bytes <= pred.memory_limit_bytes or bool(req.fixed.get("recompute"))
 
 
 def _finish(s: _Search, found: list, fixed: dict, fitted: Plan) -> tuple[Plan, ...]:

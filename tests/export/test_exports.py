@@ -184,3 +184,5 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     assert args.fp8_recipe is None
     recipes = dataclasses.replace(fp8, software="megatron-core-perf-recipes")
     assert megatron.parse(export(recipes, "megatron")).fp8_recipe == "tensorwise"
+    from meshplan.cost_model.software import SOFTWARE  # the export's names are the presets priced that way
+    assert megatron.TENSORWISE_FP8_SOFTWARE == {n for n, s in SOFTWARE.items() if s.fp8_recipe == "tensorwise"}
