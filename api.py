@@ -327,13 +327,17 @@ def _flops_note(graph: ir.Graph) -> tuple[str, ...]:
 
 
 def _software(software: str | Software | None, dtype: str | None) -> Software:
-    """The program to cost plans for, refusing a dtype it cannot train in: float8 is priced for programs that
-    run FP8 GEMMs (Transformer Engine under Megatron), never for meshplan's runtime."""
+    """The program to cost plans for, refusing a dtype it cannot train in: float8 and float4 are priced for
+    programs that run FP8 or NVFP4 GEMMs (Transformer Engine under Megatron), never for meshplan's runtime."""
     program = software_named(software) if isinstance(software, str) else (software or DEFAULT_SOFTWARE)
     if dtype == "float8" and program.name == DEFAULT_SOFTWARE.name:
         raise ir.PlanError("dtype float8: meshplan's runtime trains in bfloat16 or float32; FP8 is priced for "
                            "Megatron-Core's Transformer Engine program: add --software megatron-core-2024 "
                            "(or megatron-core-perf-recipes) and export the plan with `meshplan export --to megatron`")
+    if dtype == "float4" and program.name == DEFAULT_SOFTWARE.name:
+        raise ir.PlanError("dtype float4: meshplan's runtime trains in bfloat16 or float32; NVFP4 is priced for "
+                           "Megatron-Core's Transformer Engine program on Blackwell: add --software "
+                           "megatron-core-perf-recipes and export the plan with `meshplan export --to megatron`")
     return program
 
 

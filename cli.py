@@ -25,8 +25,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "presets' format) or a profile from `meshplan calibrate`")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--dtype", choices=("bfloat16", "float32", "float8"),
-                   help="default: bfloat16 on GPUs, float32 on cpu; float8 needs --software of an FP8 program")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float8", "float4"),
+                   help="default: bfloat16 on GPUs, float32 on cpu; float8 (FP8) and float4 (NVFP4, Blackwell) need "
+                        "--software of a Transformer Engine program")
 
 
 def _pin_args(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,8 @@ from .solver.layouts import param_layouts
 from .solver.stages import megatron_counts
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp8": "float8",
-          "float8": "float8", "fp32": "float32", "float32": "float32"}
+          "float8": "float8", "nvfp4": "float4", "fp4": "float4", "float4": "float4", "fp32": "float32",
+          "float32": "float32"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ counts it (REFERENCE.md sec. 0):
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
-cost model has no dtype for (NVFP4) or that the source does not state, an architecture neither a zoo family
+the source does not state, an architecture neither a zoo family
 nor a traced config expresses (hybrid Mamba). Megatron's ep over tp x dp (Qwen3-235B on H100: tp 2, ep 32)
 is predicted as folded (``ir.Mesh.ep_over_tp``). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
@@ -150,8 +150,9 @@ HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "
             "GB300": "gb300-nvl72", "B300": "b300"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
-# Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 has no dtype in the cost model.
-DTYPES = {"": "bfloat16", "bf16": "bfloat16", "fp8": "float8", "mxfp8": "float8"}
+# Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 (Megatron-Bridge's
+# ``bf16_with_nvfp4_mixed``: ``--fp4-format e2m1``, recipe nvfp4) is ``float4``.
+DTYPES = {"": "bfloat16", "bf16": "bfloat16", "fp8": "float8", "mxfp8": "float8", "nvfp4": "float4"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,7 +70,7 @@ from .collectives import bus_bytes, collective_time, flat_collective_time, group
 from .dispatch import param_tensors
 from .hardware import Cluster, TierKind
 from .kernels import memory_time_s
-from .memory import STATE_BYTES
+from .memory import GEMM_OPERAND_BYTES, STATE_BYTES
 from .pipeline import RankLayers
 from .software import DEFAULT, Software
 from .summary import ModelSummary
@@ -186,7 +186,8 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     param_b, grad_b, _ = STATE_BYTES[dtype]
     grad_b = 4 if software.fp32_grad_reduce else grad_b
     if software.keeps_fp8_weights(dtype, zero_stage):
-        param_b = 1  # FP8 weights, all-gathered in FP8 after the step (Software.fp8_param_gather)
+        # FP8 (or NVFP4) weights, all-gathered at that width after the step (Software.fp8_param_gather)
+        param_b = GEMM_OPERAND_BYTES[dtype]
     replicas = mesh.dp * mesh.cp
     # each expert shard's replicas: dp * cp / ep of them at stride tp * ep, or, folded over tp
     # (Mesh.ep_over_tp), tp * dp * cp / ep at stride ep

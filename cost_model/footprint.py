@@ -38,7 +38,7 @@ from ..ir.plan import Plan, Schedule
 from .data_parallel import rank_params, runs_ddp, runs_fsdp
 from .dispatch import runs_loss_parallel
 from .flops import kv_width
-from .memory import (ACTIVATION_BYTES, STATE_BYTES, eager_layer_bytes, head_input_bytes, layer_activation_bytes,
+from .memory import (ACTIVATION_BYTES, GEMM_OPERAND_BYTES, STATE_BYTES, eager_layer_bytes, head_input_bytes, layer_activation_bytes,
                      logits_bytes, state_bytes, stream_bytes)
 from .pipeline import RankLayers, inflight_microbatches
 from .software import DEFAULT, Software
@@ -214,14 +214,16 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     states["grads"] = _grads_at_peak(plan, states["grads"], activations)
     buffers = _comm_buffers(summary, plan, params.bucket, params.dense, software, layer)
     if software.keeps_fp8_weights(plan.dtype, plan.zero_stage):
-        # FP8 weights (Software.fp8_param_gather): 1 byte a parameter where the 16-bit copy would be, plus the
-        # transposed / columnwise copy the backward takes (1 byte, cached for the step)
-        states["params"] *= 1.0 / STATE_BYTES[state_dtype][0]
-        buffers += 1.0 * (params.dense + params.expert)
-    elif plan.dtype == "float8" and plan.zero_stage < 3:
-        # Transformer Engine caches each weight's FP8 copy (rowwise and, on Hopper, transposed: 2 bytes a
-        # parameter) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
-        buffers += 2.0 * (params.dense + params.expert)
+        # FP8 weights (Software.fp8_param_gather; NVFP4 ones under float4): GEMM_OPERAND_BYTES a parameter where
+        # the 16-bit copy would be, plus the transposed / columnwise copy the backward takes (as much, cached for
+        # the step)
+        operand = GEMM_OPERAND_BYTES[plan.dtype]
+        states["params"] *= operand / STATE_BYTES[state_dtype][0]
+        buffers += operand * (params.dense + params.expert)
+    elif plan.dtype in GEMM_OPERAND_BYTES and plan.zero_stage < 3:
+        # Transformer Engine caches each weight's FP8 (NVFP4) copy (rowwise and, on Hopper, transposed: 2 bytes a
+        # parameter in FP8) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
+        buffers += 2.0 * GEMM_OPERAND_BYTES[plan.dtype] * (params.dense + params.expert)
     optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0
     buffers += max(0.0, optimizer_temp - activations - buffers)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)

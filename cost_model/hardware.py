@@ -35,7 +35,7 @@ from enum import StrEnum
 from ..ir.errors import InvalidClusterError
 from ..ir.limits import MAX_GPUS
 
-DTYPES = ("float32", "bfloat16", "float16", "float8")
+DTYPES = ("float32", "bfloat16", "float16", "float8", "float4")
 # elementwise ops whose time a CPU profile measures (tanh, exp, sqrt bound them, not memory): the
 # forward and backward of GELU (tanh approximation) and of log-softmax (the cross-entropy's), and the
 # square root of Adam's second moment

@@ -125,7 +125,7 @@ def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
     ``speed``: the program's kernel's rate over the one the accelerator measured (``Software.attention_speed``);
     ``seq_len``: the length one kernel call runs over (its queries), for an accelerator's curve by length;
     ``kernel``: the program's fused-attention kernel, "fa2" or "cudnn" (``Software.attention_kernel``)."""
-    compute_dtype = "bfloat16" if dtype == "float8" and "bfloat16" in accel.peak_flops else dtype
+    compute_dtype = "bfloat16" if dtype in ("float8", "float4") and "bfloat16" in accel.peak_flops else dtype
     executed = counted_flops * (0.5 if causal else 1.0)
     efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len, kernel)
     fwd = executed / (accel.peak(compute_dtype) * efficiency * speed) + accel.kernel_overhead_s

@@ -51,6 +51,19 @@ four output gradients are cast. Weights are cast once per step and cached across
 (TE ``is_first_microbatch``), not counted here. Current scaling (``Software.fp8_recipe == "tensorwise"``) reads
 each tensor once more, and in a kernel of its own, to take its amax before the cast: 6 bytes per element.
 
+NVFP4 (``dtype="float4"``, Transformer Engine's ``NVFP4BlockScaling``, Megatron's ``--fp4-format e2m1``)
+runs the same GEMMs (forward, dgrad and wgrad) on 4-bit E2M1 operands with an E4M3 scale per 16 elements
+and a per-tensor FP32 scale (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv:2509.25149 sec. 2
+and 4: all three GEMMs of the linear layers in NVFP4, a 16x16 random Hadamard transform on the wgrad
+inputs, stochastic rounding on the gradients). The per-tensor scale is the tensor's amax, so each cast
+reads its bf16 input twice as current scaling does (an amax pass, then the cast, which applies the
+Hadamard transform and the rounding in registers) and writes a rowwise and a columnwise copy of
+0.5 + 1/16 bytes an element (``memory.GEMM_OPERAND_BYTES``): 4 + 1.125 bytes.
+
+Under both, Megatron-Core's output layer is a plain ``tensor_parallel.ColumnParallelLinear``, outside
+Transformer Engine's autocast (megatron/core/models/gpt/gpt_model.py @d98e8a6: ``TELMHeadColumnParallelLinear``
+only with ``fp8_output_proj`` under MXFP8, off by default): its GEMM runs in bf16.
+
 A recomputed forward (full recompute) repeats the forward's compute and its communication.
 """
 from __future__ import annotations
@@ -67,7 +80,7 @@ from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_di
 from .kernels import (attention_fwd_bwd_s, fresh_pages_s, matmul_fwd_bwd_s, memory_time_s,
                       plain_attention_fwd_bwd_s, transcendental_excess_s)
 from .fusion import fusion_saving
-from .memory import ACTIVATION_BYTES
+from .memory import ACTIVATION_BYTES, GEMM_OPERAND_BYTES
 from .software import DEFAULT, Software
 
 
@@ -173,8 +186,9 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     forward, their output gradients in the backward, 2 bytes read and 2 written per element; 0 unless
     ``shape.dtype`` is float8. Under SP the QKV and fc1 inputs are cast on the sequence slice (TE
     quantizes before its FP8 all-gather). Current scaling adds an amax pass: 2 bytes more read per element,
-    one kernel more per cast."""
-    if shape.dtype != "float8":
+    one kernel more per cast. float4 (NVFP4): the amax pass and the cast read 4 bytes an element and write
+    two copies of ``GEMM_OPERAND_BYTES["float4"]`` (module docstring)."""
+    if shape.dtype not in GEMM_OPERAND_BYTES:
         return 0.0, 0, 0.0, 0
     d, m, t = shape.dims, shape.tokens, shape.tp
     whole = m * d.hidden / (t if shape.sp else 1)
@@ -184,9 +198,19 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
     inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
     grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)
-    current = shape.software.fp8_recipe == "tensorwise"
-    per_elem, kernels = (6.0, 8) if current else (4.0, 4)
+    if shape.dtype == "float4":
+        per_elem, kernels = 4.0 + 2 * GEMM_OPERAND_BYTES["float4"], 8
+    elif shape.software.fp8_recipe == "tensorwise":
+        per_elem, kernels = 6.0, 8
+    else:
+        per_elem, kernels = 4.0, 4
     return per_elem * inputs, kernels, per_elem * grads, kernels
+
+
+def head_dtype(dtype: str, cluster: Cluster) -> str:
+    """The dtype the output layer's GEMM runs in: bf16 under FP8 and NVFP4 (Megatron-Core's output layer is not a
+    Transformer Engine module; module docstring), where the accelerator has a bf16 rate."""
+    return "bfloat16" if dtype in GEMM_OPERAND_BYTES and "bfloat16" in cluster.accelerator.peak_flops else dtype
 
 
 def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
@@ -339,7 +363,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         comm_f += collective_time(kind, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(kind, act, tp)
     if last:
-        f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, d.vocab / tp, d.hidden, ab)
+        f, b = matmul_fwd_bwd_s(accel, head_dtype(shape.dtype, cluster), m, d.vocab / tp, d.hidden, ab)
         logits = m * d.vocab / (1 if gathered else tp)  # the loss's
         norm = (4 if d.family == "gpt" else 8) * whole
         # bytes a logit the loss moves (Software.cross_entropy): FlashAttention's xentropy kernel reads the

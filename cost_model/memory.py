@@ -50,8 +50,14 @@ from __future__ import annotations
 from ..ir.graph import ModelDims
 from .flops import attention_params, dense_mlp_params, expert_params, kv_width, layer_matmul_params, q_width
 
-STATE_BYTES = {"bfloat16": (2, 2, 12), "float16": (2, 2, 12), "float8": (2, 2, 12), "float32": (4, 4, 8)}
-ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float8": 2, "float32": 4}
+STATE_BYTES = {"bfloat16": (2, 2, 12), "float16": (2, 2, 12), "float8": (2, 2, 12), "float4": (2, 2, 12),
+               "float32": (4, 4, 8)}
+ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float8": 2, "float4": 2, "float32": 4}
+# bytes per element of a GEMM operand quantized to a plan's low-precision dtype, its scales included: FP8 1
+# (one fp32 scale per tensor, or per 32 elements under MXFP8: 1/32 byte, not counted); NVFP4 a 4-bit E2M1 value
+# and one E4M3 scale per 16 elements, 0.5 + 1/16 (NVIDIA, "Pretraining Large Language Models with NVFP4",
+# arXiv:2509.25149 sec. 2: 16-element blocks with an FP8 E4M3 scale, and a per-tensor FP32 scale)
+GEMM_OPERAND_BYTES = {"float8": 1.0, "float4": 0.5 + 1.0 / 16}
 
 
 def state_bytes(param_count: float, *, dp: int, zero_stage: int, dtype: str = "bfloat16") -> dict[str, float]:
@@ -68,7 +74,8 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True, dropo
     """(R, S, core) per layer in units of s*b*h bytes at 2-byte elements (see the module docstring):
     R is left whole by TP, S is sharded by TP, core is what the attention core alone saves.
 
-    ``fp8``: Transformer Engine keeps a GEMM's quantized input (1 byte, the columnwise copy) instead of
+    ``fp8``: a plan in float8 or float4 (``GEMM_OPERAND_BYTES``); NVFP4's copies are counted at FP8's 1 byte,
+    rounding up. Transformer Engine keeps a GEMM's quantized input (1 byte, the columnwise copy) instead of
     the bf16 one (te.Linear / te.LayerNormLinear / te.GroupedLinear, ``linear.py``, ``layernorm_linear.py``,
     ``grouped_linear.py``): the two norm outputs and fc2's input halve; the projection's input is kept in
     bf16 by the attention core and, under TE's default delayed-scaling recipe, once more as an FP8 copy
@@ -192,7 +199,7 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
     if recompute == "full":
         return sbh * 2.0 / whole_div
     whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout,
-                                            fp8=dtype == "float8")
+                                            fp8=dtype in GEMM_OPERAND_BYTES)
     none = whole / whole_div + (sharded + core) / tp
     if recompute == "selective" and selective_saves_matmuls:
         return sbh * min(matmul_save_units(dims, tp=tp, sp=sp), none)

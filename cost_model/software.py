@@ -129,13 +129,16 @@ Fields:
   Megatron-Bridge ``bf16_with_fp8_current_scaling_mixed``, ``bf16_with_fp8_delayed_scaling_mixed`` and
   ``bf16_with_mxfp8_mixed`` (src/megatron/bridge/training/mixed_precision.py @067f987df0:
   ``cfg.fp8_param_gather = True``), which ``_perf_precision`` returns; ``meshplan export --to megatron``
-  passes ``--fp8-param-gather`` with an FP8 ZeRO-1 plan, so both Megatron-Core presets carry it.
+  passes ``--fp8-param-gather`` with an FP8 ZeRO-1 plan, so both Megatron-Core presets carry it. Under NVFP4
+  (float4) it stands for Megatron's ``--fp4-param-gather`` (NVFP4 weights, 0.5 + 1/16 bytes a parameter,
+  ``memory.GEMM_OPERAND_BYTES``), which Megatron-Bridge's ``bf16_with_nvfp4_mixed`` sets
+  (``cfg.fp4_param_gather = True``, mixed_precision.py @v0.5.0).
 * ``fp8_recipe``: how Transformer Engine scales FP8 tensors (Megatron-Core ``--fp8-recipe``):
   ``"delayed"`` (from an amax history: one read of each tensor per quantization), ``"tensorwise"``
   (current scaling, ``Float8CurrentScaling``: "FP8 Current Scaling requires two tensor reads per
   quantization: one to compute amax, one to cast", Transformer Engine docs, features/low_precision_training/
   fp8_delayed_scaling) or ``"mxfp8"`` (block scales computed in the casting pass: one read). Priced in
-  ``layer_cost.fp8_cast_bytes``; it matters only for plans in float8.
+  ``layer_cost.fp8_cast_bytes``; it matters only for plans in float8 (float4 plans run NVFP4's own recipe).
 * ``cross_entropy``: how the loss is computed over the logits. ``"upcast"``: log-softmax of the logits upcast
   to fp32, then NLL (meshplan's runtime, ``zoo.loss_fn``). ``"flash"``: FlashAttention's fused kernel over
   the 16-bit logits (``flash_attn.losses.cross_entropy.CrossEntropyLoss``, from Apex's xentropy: "We make it
@@ -272,7 +275,7 @@ class Software:
     def keeps_fp8_weights(self, dtype: str, zero_stage: int) -> bool:
         """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8 (``fp8_param_gather``: with
         the distributed optimizer, ZeRO-1, only)."""
-        return self.fp8_param_gather and dtype == "float8" and zero_stage == 1
+        return self.fp8_param_gather and dtype in ("float8", "float4") and zero_stage == 1
 
 
 # meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their

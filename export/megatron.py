@@ -65,6 +65,11 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # "Keep the compute param in fp8 (do not use any other intermediate dtype) and perform the param all-gather
     # in fp8"; only with the distributed optimizer (ZeRO-1 here), as arguments.py asserts
     "--fp8-param-gather": ("fp8_param_gather", "true", ()),
+    # transformer_config.py: fp4 (--fp4-format) e2m1, "Currently only supports 'nvfp4' which uses
+    # NVFP4BlockScaling recipe" (fp4_recipe defaults to nvfp4); fp4_param (--fp4-param-gather): "keep the
+    # parameters in fp4 precision", only with --fp4-format (arguments.py)
+    "--fp4-format": ("fp4", "str", ("e2m1",)),
+    "--fp4-param-gather": ("fp4_param", "true", ()),
     "--num-layers": ("num_layers", "int", ()),
     "--hidden-size": ("hidden_size", "int", ()),
     "--ffn-hidden-size": ("ffn_hidden_size", "int", ()),
@@ -191,12 +196,15 @@ def to_megatron(plan: Plan) -> str:
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
     args += _memory_args(plan)
-    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"]}.get(
-        plan.dtype, [])  # FP8 GEMMs under Transformer Engine, bf16 elsewhere
+    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"],
+             "float4": ["--bf16", "--fp4-format", "e2m1"]}.get(
+        plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
     if plan.dtype == "float8" and plan.software in TENSORWISE_FP8_SOFTWARE:
         args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
+    if plan.dtype == "float4" and plan.zero_stage == 1:
+        args += ["--fp4-param-gather"]  # NVFP4 weights, as Megatron-Bridge's bf16_with_nvfp4_mixed sets them
     args += _model_args(plan)
     lines, i = [], 0
     while i < len(args):

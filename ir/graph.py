@@ -17,7 +17,9 @@ from .structure import ModelStructure
 BATCH = sympy.Symbol("b", positive=True, integer=True)
 SEQ = sympy.Symbol("s", positive=True, integer=True)
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4, "bool": 1}
+# float4: NVFP4 (E2M1), two values to a byte as torch.float4_e2m1fn_x2 stores them; a plan in float8 or float4
+# runs its GEMMs on operands quantized to that width and everything else in bfloat16 (cost_model.layer_cost)
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "float4": 1, "int64": 8, "int32": 4, "bool": 1}
 
 
 class OpKind(StrEnum):

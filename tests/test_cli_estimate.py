@@ -64,6 +64,12 @@ def test_fp8_on_a100_says_the_preset_has_no_fp8_peak(capsys) -> None:
     assert "has no float8 peak" in err and "bfloat16" in err  # names what it does list
 
 
+def test_nvfp4_on_h100_says_the_preset_has_no_fp4_peak(capsys) -> None:
+    code, _, err = run(capsys, *TINY, "--cluster", "h100-sxm:1x8", "--dp", "8", "--dtype", "nvfp4",
+                       "--software", "megatron-core-perf-recipes")
+    assert code == 2 and "has no float4 peak" in err and "float8" in err and "Traceback" not in err
+
+
 def one_line_error(code: int, err: str) -> str:
     assert code == 2, err
     assert err.startswith("meshplan: error: ") and err.count("\n") == 1 and "Traceback" not in err, err

@@ -97,7 +97,7 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     rows = _rows(bench)
     assert len(found) + len(skipped) == len(rows)
     known = ("parallel layout (tp, pp, dp) not published", "tp(", "no hardware preset for ",
-             "dtype nvfp4 has no counterpart", "precision not published", "architecture not expressible by zoo",
+             "precision not published", "architecture not expressible by zoo",
              "plan not expressible: ep(", "architecture traced from its config, not traced in this run: deepseek-v3")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16)
     for line in skipped:
         reason = line.split(": ", 2)[2]
@@ -105,6 +105,9 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     # every new row reaches the cost model or names why not; the predicted new rows span the added sources
     assert {r.run.publication for r in found if r.run.publication not in ORIGINAL} == ADDED
     assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
+    # NVFP4 rows (Megatron-Bridge's GB200/GB300 Llama tables) are priced in float4
+    nvfp4 = [r for r in found if "NVFP4" in r.run.label]
+    assert len(nvfp4) == 18 and {r.run.plan.dtype for r in nvfp4} == {"float4"}
 
 
 def test_a_moe_row_with_its_own_head_width_is_costed_as_published(results) -> None:

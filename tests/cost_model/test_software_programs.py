@@ -624,3 +624,32 @@ def test_current_scaling_reads_each_fp8_operand_twice() -> None:
     assert delayed == mx and current == (1.5 * delayed[0], 8, 1.5 * delayed[2], 8) and delayed[1] == 4
     with pytest.raises(ir.PlanError, match="fp8_recipe must be one of"):
         Software(name="bad", fp8_recipe="nvfp4")
+
+
+def test_nvfp4_runs_the_layer_gemms_at_the_fp4_rate_casts_twice_and_leaves_the_output_layer_in_bf16() -> None:
+    """A float4 plan (Megatron ``--fp4-format e2m1``, Transformer Engine's NVFP4BlockScaling) runs a layer's GEMMs
+    at the FP4 peak (on a GB200 twice FP8's at the same assumed fraction: half the time at compute-bound shapes),
+    casts each operand with an amax pass and two 0.5 + 1/16-byte copies (4 + 1.125 bytes an element, where FP8's
+    delayed scaling moves 4), and keeps the output layer's GEMM in bf16 as FP8 plans do (Megatron-Core's output
+    layer is not a Transformer Engine module); an accelerator without an FP4 rate refuses the dtype by name."""
+    from meshplan.cost_model.layer_cost import edge_cost, fp8_cast_bytes, matmul_s
+    from meshplan.cost_model.memory import GEMM_OPERAND_BYTES
+
+    gb200 = Cluster.preset("gb200-nvl72")
+    accel = gb200.accelerator
+    assert accel.achievable_flops("float4") == pytest.approx(2 * accel.achievable_flops("float8"))
+    llama70 = ir.ModelDims(family="llama", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256)
+    recipes = software_named("megatron-core-perf-recipes")
+    fp8 = LayerShape(dims=llama70, micro_batch=2, seq_len=8192, dtype="float8",
+                     software=dataclasses.replace(recipes, fp8_recipe="delayed"))
+    fp4 = dataclasses.replace(fp8, dtype="float4")
+    overhead = len(layer_matmuls(fp8)) * accel.kernel_overhead_s  # one launch per GEMM, as many forward
+    assert (matmul_s(fp4, gb200)[0] - overhead) / (matmul_s(fp8, gb200)[0] - overhead) == pytest.approx(0.5, rel=0.02)
+    assert GEMM_OPERAND_BYTES["float4"] == 0.5625
+    f4, f8 = fp8_cast_bytes(fp4), fp8_cast_bytes(fp8)
+    assert (f4[0] / f8[0], f4[2] / f8[2], f4[1], f8[1]) == (pytest.approx(5.125 / 4), pytest.approx(5.125 / 4), 8, 4)
+    assert fp8_cast_bytes(dataclasses.replace(fp8, dtype="bfloat16")) == (0.0, 0, 0.0, 0)
+    heads = [edge_cost(s, gb200, first=False, last=True) for s in (fp4, fp8, dataclasses.replace(fp8, dtype="bfloat16"))]
+    assert heads[0].fwd_compute_s == pytest.approx(heads[1].fwd_compute_s) == pytest.approx(heads[2].fwd_compute_s)
+    with pytest.raises(ir.InvalidClusterError, match="has no float4 peak"):
+        matmul_s(fp4, Cluster.preset("h100-sxm"))

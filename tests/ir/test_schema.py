@@ -77,7 +77,7 @@ def test_the_good_plan_and_a_users_model_round_trip() -> None:
      "param_layouts['layers.7.mlp.w']: names block 7 of layers but the model has layers(4)"),
     (lambda d: d.update(param_layouts={"a b": ["R"] * 5}), "param_layouts['a b']: the key must be a module path"),
     # closed sets
-    (lambda d: d.update(dtype="int64"), "dtype: expected 'float32', 'float16', 'bfloat16' or 'float8', got 'int64'"),
+    (lambda d: d.update(dtype="int64"), "dtype: expected 'float32', 'float16', 'bfloat16', 'float8' or 'float4', got 'int64'"),
     (lambda d: d.update(fusions=["warp_speed"]), "fusions[0]: expected 'add_layernorm'"),
     (lambda d: d.update(fusions=["swiglu", "swiglu"]), "fusions: names a fusion twice"),
     # model dims

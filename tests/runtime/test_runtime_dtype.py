@@ -19,9 +19,10 @@ def _plan(dtype: str) -> ir.Plan:
                    micro_batch_size=2, num_microbatches=1, recompute=("none",) * 2, dtype=dtype)
 
 
-def test_float8_has_no_program() -> None:
-    with pytest.raises(ir.InvalidPlanError, match=r"trains in float8.*--dtype bfloat16"):
-        lower(_plan("float8"))
+@pytest.mark.parametrize("dtype", ["float8", "float4"])
+def test_low_precision_gemms_have_no_program(dtype) -> None:
+    with pytest.raises(ir.InvalidPlanError, match=rf"trains in {dtype}.*--dtype bfloat16"):
+        lower(_plan(dtype))
 
 
 def test_bf16_refused_on_a_gpu_without_bf16_only() -> None:

@@ -2,6 +2,7 @@
 only what that framework runs, so a Megatron user gets Megatron's best plan (issue 13)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -54,6 +55,34 @@ def test_a_megatron_fp8_plan_exports_to_megatrons_own_flags() -> None:
     text = export(plan, "megatron")
     args = parser().parse_args(text.split("\n", 1)[1].replace("\\\n", " ").split())
     assert args.bf16 and args.fp8 == "hybrid" and args.tensor_model_parallel_size == plan.mesh.tp
+
+
+def test_an_nvfp4_plan_is_searched_on_blackwell_as_megatron_runs_it_and_exports_its_fp4_flags() -> None:
+    """``--dtype float4`` (NVFP4) with a Transformer Engine program on a Blackwell cluster: searched and priced
+    faster than the same plan in FP8, exported with Megatron's ``--fp4-format e2m1`` (and ``--fp4-param-gather``
+    under the distributed optimizer, as Megatron-Bridge's NVFP4 recipe sets it); refused for meshplan's runtime
+    and on an accelerator without FP4 tensor cores, each saying what to do."""
+    from meshplan.export import export
+    from meshplan.export.megatron import parse
+
+    def on_gb200(**kw):
+        return plans("llama3-8b", "gb200-nvl72:2x4", global_batch=64, seq_len=4096, top=1, time_limit_s=20,
+                     software="megatron-core-perf-recipes", **kw)[0]
+
+    fp4 = on_gb200(dtype="float4")
+    m = fp4.mesh
+    pins = dict(tp=m.tp, pp=m.pp, dp=m.dp, cp=m.cp, zero=fp4.zero_stage, sp=fp4.sequence_parallel,
+                micro_batch=fp4.micro_batch_size, recompute=str(fp4.recompute[0]), schedule=str(fp4.schedule))
+    fp8 = on_gb200(dtype="float8", fixed=pins)
+    assert fp4.dtype == "float4" and fp4.prediction.step_time_s < 0.9 * fp8.prediction.step_time_s
+    args = parse(export(fp4, "megatron"))
+    assert args.bf16 and args.fp4 == "e2m1" and args.fp8 is None
+    zero1 = parse(export(dataclasses.replace(fp4, zero_stage=1), "megatron"))
+    assert zero1.fp4_param and zero1.use_distributed_optimizer and not zero1.fp8_param_gather
+    with pytest.raises(ir.PlanError, match="--software megatron-core-perf-recipes"):
+        _plan(dtype="float4")
+    with pytest.raises(ir.InvalidClusterError, match="has no float4 peak"):
+        _plan(dtype="float4", software="megatron-core-perf-recipes")
 
 
 def test_megatron_folds_expert_parallelism_over_the_tp_ranks_and_meshplans_runtime_does_not() -> None:
