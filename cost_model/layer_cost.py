@@ -31,7 +31,7 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
   all-gathers them again plus reduce-scatters their gradients per backward; the transfers overlap
   the attention core, so only what exceeds it is exposed. Group: cp ranks, stride tp.
 
-With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``: Transformer Engine splits
+With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, not under NVFP4: Transformer Engine splits
 each sequence-parallel all-gather and reduce-scatter into chunks that flow while the adjacent GEMM
 computes on the chunks already there), TP communication is hidden up to the layer's matmul time.
 What hides (TP under the matmuls, CP's K/V all-gather under the attention core) slows the compute
@@ -287,7 +287,7 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
         tp_bwd_s += 2 * (collective_time("all-gather", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
     hidden = 0.0  # communication run under compute, which it slows (Software.overlap_slowdown)
-    if shape.software.tp_comm_overlap and shape.sp:
+    if shape.software.overlaps_tp_comm(shape.dtype) and shape.sp:
         hidden = min(tp_fwd_s, matmul_s_[0]) + min(tp_bwd_s, matmul_s_[1])
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0

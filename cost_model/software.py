@@ -40,7 +40,10 @@ Fields:
   ``SequenceParallel``: autograd saves the redistributed tensor).
 * ``tp_comm_overlap``: tensor-parallel all-gathers and reduce-scatters run under the GEMMs that
   consume or produce them (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers;
-  needs sequence parallelism), else each waits.
+  needs sequence parallelism), else each waits. Not under NVFP4 (``overlaps_tp_comm``): NVIDIA's recipes turn
+  it off for every NVFP4 run (Megatron-Bridge scripts/performance/configs/llama/llama3_llm_pretrain.py and
+  llama31_llm_pretrain.py, v0.3.0 to v0.5.0: ``cfg.comm_overlap.tp_comm_overlap = False if precision ==
+  "nvfp4"``).
 * ``fp32_grad_reduce``: gradients are accumulated and reduced in fp32 (4 bytes per parameter on the
   wire) whatever the training dtype: Megatron-LM forces it for bf16 ("bfloat16 requires gradient
   accumulation and all-reduce to be done in fp32", ``megatron/training/arguments.py``).
@@ -271,6 +274,11 @@ class Software:
         """Whether each expert's FFN is split over the tp ranks (``expert_tp``); never when the ep group takes
         the tp ranks (``ir.Mesh.ep_over_tp``: each expert whole on its ranks)."""
         return self.expert_tp and not ep_over_tp
+
+    def overlaps_tp_comm(self, dtype: str) -> bool:
+        """Whether a plan in ``dtype`` runs its TP communication under the GEMMs (``tp_comm_overlap``; never
+        under NVFP4, float4: the module docstring)."""
+        return self.tp_comm_overlap and dtype != "float4"
 
     def keeps_fp8_weights(self, dtype: str, zero_stage: int) -> bool:
         """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8 (``fp8_param_gather``: with

@@ -653,3 +653,17 @@ def test_nvfp4_runs_the_layer_gemms_at_the_fp4_rate_casts_twice_and_leaves_the_o
     assert heads[0].fwd_compute_s == pytest.approx(heads[1].fwd_compute_s) == pytest.approx(heads[2].fwd_compute_s)
     with pytest.raises(ir.InvalidClusterError, match="has no float4 peak"):
         matmul_s(fp4, Cluster.preset("h100-sxm"))
+
+
+def test_nvfp4_runs_tensor_parallel_communication_exposed_as_nvidias_recipes_do() -> None:
+    """The perf recipes overlap TP's all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap), except
+    under NVFP4, where Megatron-Bridge's configs turn it off: a tp 4 layer exposes its TP communication in
+    float4 and hides it in float8."""
+    gb200 = Cluster.preset("gb200-nvl72")
+    recipes = software_named("megatron-core-perf-recipes")
+    assert recipes.overlaps_tp_comm("float8") and not recipes.overlaps_tp_comm("float4")
+    llama405 = ir.ModelDims(family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
+                            vocab=128256)
+    fp8 = LayerShape(dims=llama405, micro_batch=1, seq_len=8192, tp=4, sp=True, dtype="float8", software=recipes)
+    hidden, exposed = layer_cost(fp8, gb200), layer_cost(dataclasses.replace(fp8, dtype="float4"), gb200)
+    assert exposed.fwd_comm_s > 3 * hidden.fwd_comm_s and exposed.bwd_comm_s > 3 * hidden.bwd_comm_s
