@@ -20,7 +20,7 @@ as a value (``Cluster``), nothing here queries a device, torch or the environmen
 from .catalog import cluster_from_dict, parse_cluster, preset_data, preset_names
 from .collectives import Collective, bus_bytes, collective_time, flat_collective_time, group_phases
 from .data_parallel import data_parallel_cost, optimizer_step_s
-from .estimate import check_plan, estimate, memory_breakdown
+from .estimate import check_plan, estimate, host_offload_layers, memory_breakdown
 from .flops import (attention_core_flops, hardware_flops_per_step, layer_matmul_params, layer_params,
                     model_flops_per_step, recompute_flops_per_step)
 from .footprint import ALLOCATOR_FRACTION, rank_memory
@@ -43,7 +43,7 @@ __all__ = [
     "fusion_saving", "group_phases", "hardware_flops_per_step", "inflight_microbatches", "layer_activation_bytes",
     "layer_cost",
     "layer_matmul_params", "layer_params", "load_profile", "logits_bytes", "matmul_fwd_bwd_s", "matmul_time_s",
-    "memory_breakdown", "memory_time_s", "model_flops_per_step", "optimizer_step_s", "parse_cluster",
+    "host_offload_layers", "memory_breakdown", "memory_time_s", "model_flops_per_step", "optimizer_step_s", "parse_cluster",
     "plain_attention_fwd_bwd_s", "preset_data", "preset_names", "rank_layers", "rank_memory",
     "recompute_flops_per_step", "software_named", "state_bytes", "summary_of", "worthwhile",
 ]

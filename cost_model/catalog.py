@@ -19,8 +19,10 @@ measurement) or, for a placeholder, that it is one. The keys::
                       optionally attention_by_seq_len ([[sequence length, efficiency], ...], published),
                       cudnn_attention_by_seq_len ([[sequence length, forward efficiency, backward time
                       over forward], ...]: cuDNN's fused attention, what Transformer Engine runs)
-                      and host_link_Bps (bytes/s each way between a GPU and host memory: what
-                      offloaded activations cross; absent or 0: activations are never offloaded)
+                      host_link_Bps (bytes/s each way between a GPU and host memory: what
+                      offloaded activations cross; absent or 0: activations are never offloaded) and
+                      host_memory_bytes (host memory per GPU, the node's DRAM over its GPUs: what
+                      offloaded activations may fill; absent or 0: not checked)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
                       domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
                       step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
@@ -67,7 +69,7 @@ _KEYS = {
     "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
                 "tiers"),
     "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
-                    "cudnn_attention_by_seq_len", "host_link_Bps"),
+                    "cudnn_attention_by_seq_len", "host_link_Bps", "host_memory_bytes"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -214,6 +216,8 @@ def _accelerator(data: Any, where: str) -> Accelerator:
                                                      f"{where}.cudnn_attention_by_seq_len", width=3)
     if "host_link_Bps" in data:
         extra["host_link_Bps"] = _real(data["host_link_Bps"], f"{where}.host_link_Bps")
+    if "host_memory_bytes" in data:
+        extra["host_memory_bytes"] = _real(data["host_memory_bytes"], f"{where}.host_memory_bytes")
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
 
 

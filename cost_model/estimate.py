@@ -48,7 +48,7 @@ from .hardware import Cluster
 from .kernels import transcendental_excess_s
 from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
-from .pipeline import RankLayers, bubble_s, rank_layers
+from .pipeline import RankLayers, bubble_s, inflight_microbatches, rank_layers
 from .software import DEFAULT, Software
 from .sublayers import replicated_params, replicated_sublayers, sublayer_shares
 from .summary import ModelSummary, summary_of
@@ -270,7 +270,7 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
                        ep=mesh.ep, ep_over_tp=mesh.ep_over_tp, ep_overlap=_ep_overlap(plan, software),
                        sp=plan.sequence_parallel, dtype=plan.dtype,
                        software=software, fusions=plan.fusions)  # the fused kernels' traffic replaces their eager ops' (fusion.py)
-    ranks = _ranks(plan, dims.layers, cluster)
+    ranks = _ranks(plan, summary, cluster, software)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
     time_s = _step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan))
@@ -309,13 +309,33 @@ def memory_breakdown(graph: Graph, cluster: Cluster, plan: Plan, *,
     """Bytes of the most loaded GPU by kind: params, grads, optimizer, activations, buffers."""
     summary = summary_of(graph)
     check_plan(summary.dims, cluster, plan)
-    return peak_memory(summary, plan, _ranks(plan, summary.dims.layers, cluster), software)
+    return peak_memory(summary, plan, _ranks(plan, summary, cluster, software), software)
 
 
-def _ranks(plan: Plan, layers: int, cluster: Cluster) -> tuple[RankLayers, ...]:
+def _ranks(plan: Plan, summary: ModelSummary, cluster: Cluster, software: Software) -> tuple[RankLayers, ...]:
     """``rank_layers``; without a host link (a CPU rank, whose activations are in host memory already)
-    offloading moves nothing and frees nothing, so an offloaded layer keeps what it would keep."""
-    ranks = rank_layers(plan, layers)
-    if cluster.accelerator.host_link_Bps > 0:
-        return ranks
-    return tuple(replace(r, none=r.none + r.offload, offload=0) for r in ranks)
+    offloading moves nothing and frees nothing, so an offloaded layer keeps what it would keep. Host memory
+    holds only ``host_offload_layers`` offloaded layers of a rank: the rest keep their activations on the GPU
+    (and copy nothing), so a plan that offloads more than the host holds shows it in its GPU memory."""
+    ranks = rank_layers(plan, summary.dims.layers)
+    if cluster.accelerator.host_link_Bps <= 0:
+        return tuple(replace(r, none=r.none + r.offload, offload=0) for r in ranks)
+    out = []
+    for r in ranks:
+        room = host_offload_layers(summary, cluster, plan, r.rank, software)
+        kept = max(0, r.offload - room) if room is not None else 0
+        out.append(replace(r, none=r.none + kept, offload=r.offload - kept) if kept else r)
+    return tuple(out)
+
+
+def host_offload_layers(summary: ModelSummary, cluster: Cluster, plan: Plan, rank: int = 0,
+                        software: Software = DEFAULT) -> int | None:
+    """How many offloaded layers pipeline rank ``rank``'s share of host memory holds
+    (``Accelerator.host_memory_bytes``): each keeps its activations there for every micro-batch the rank has in
+    flight (``pipeline.inflight_microbatches``); None where the host memory is not known (0)."""
+    host = cluster.accelerator.host_memory_bytes
+    if host <= 0:
+        return None
+    per = offloaded_layer_bytes(summary, plan, software) * inflight_microbatches(
+        plan.schedule, plan.mesh.pp, plan.vp, plan.num_microbatches, rank)
+    return int(host // per) if per > 0 else summary.dims.layers

@@ -140,6 +140,9 @@ class Accelerator:
     # bytes per second, each direction, between one GPU and host memory (PCIe, NVLink-C2C): what offloaded
     # activations cross; 0: none (a CPU rank's activations are already in host memory)
     host_link_Bps: float = 0.0
+    # bytes of host memory per GPU (the node's DRAM over its GPUs): what offloaded activations may fill; 0: not
+    # known, not checked
+    host_memory_bytes: float = 0.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +188,9 @@ class Accelerator:
         if not (math.isfinite(self.host_link_Bps) and self.host_link_Bps >= 0):
             raise InvalidClusterError(f"{who}: host_link_Bps must be a finite number >= 0 (0: no host link), "
                                       f"got {self.host_link_Bps!r}")
+        if not (math.isfinite(self.host_memory_bytes) and self.host_memory_bytes >= 0):
+            raise InvalidClusterError(f"{who}: host_memory_bytes must be a finite number >= 0 (0: not known), "
+                                      f"got {self.host_memory_bytes!r}")
         _set_curve(self, who, "attention_by_seq_len", lambda n, e: n > 0 and 0 < e <= 1,
                    "(sequence length > 0, increasing; efficiency in (0, 1]) pairs")
         _set_curve(self, who, "cudnn_attention_by_seq_len", lambda n, e, ratio: n > 0 and 0 < e <= 1 and ratio > 0,

@@ -60,6 +60,9 @@ class CandidateCost:
     layers: int  # layers on the most loaded pipeline rank
     # the program offloads only without recomputation and keeps at least one layer on the GPU (Megatron-Core)
     offload_alone: bool = False
+    # the most layers a rank may offload: what its share of host memory holds (cost_model.host_offload_layers);
+    # None: not bounded (the host memory is not known)
+    offload_cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +117,8 @@ def add_choose_one(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
 def add_layer_budget(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     for c, cost in enumerate(p.costs):
         model.add(sum(v.k[c]) <= cost.layers * v.y[c])
+        if cost.offload_cap is not None and len(cost.extra_time_s) == len(POLICIES):
+            model.add(v.k[c][2] <= cost.offload_cap * v.y[c])
         if cost.offload_alone and len(cost.extra_time_s) == len(POLICIES):
             alone = model.new_bool_var(f"z{c}")
             model.add(v.k[c][2] <= (cost.layers - 1) * alone)
@@ -133,10 +138,18 @@ def add_pinned_recompute(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:
     for c, cost in enumerate(p.costs):
         for r, policy in enumerate(POLICIES):
             if policy == p.pinned_recompute:
-                most = cost.layers - 1 if policy == "offload" and cost.offload_alone else cost.layers
-                model.add(v.k[c][r] == most * v.y[c])
+                model.add(v.k[c][r] == most_layers(cost, policy) * v.y[c])
             else:
                 model.add(v.k[c][r] == 0)
+
+
+def most_layers(cost: CandidateCost, policy: str) -> int:
+    """The most layers of a rank ``policy`` may take: all, or for offloading all but one where the program
+    offloads alone (Megatron-Core), and no more than the host memory holds (``offload_cap``)."""
+    if policy != "offload":
+        return cost.layers
+    most = cost.layers - 1 if cost.offload_alone else cost.layers
+    return most if cost.offload_cap is None else min(most, cost.offload_cap)
 
 
 def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate
+from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers
+from ..cost_model.summary import summary_of
 from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
@@ -120,11 +121,21 @@ def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.Candi
     policies = ilp.POLICIES if offload else ilp.POLICIES[:2]
     ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}), software=req.software)
             for r in policies}
-    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / per_rank) for r in policies)
-    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / per_rank) for r in policies)
+    cap = _offload_cap(req, cand) if offload else None
+    # per layer: the deltas of a uniform policy; offloading's from as many layers as the host memory holds
+    done = {r: min(per_rank, cap) if r == "offload" and cap is not None else per_rank for r in policies}
+    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / max(done[r], 1)) for r in policies)
+    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / max(done[r], 1)) for r in policies)
     return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
                              saved_bytes=saved, layers=per_rank,
-                             offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime)
+                             offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime, offload_cap=cap)
+
+
+def _offload_cap(req: Request, cand: Candidate) -> int | None:
+    """The layers a rank of ``cand`` may offload: what the first pipeline rank's share of host memory holds
+    (it has the most micro-batches in flight); None where the host memory is not known."""
+    plan = plan_of(req, cand)
+    return host_offload_layers(summary_of(req.graph), req.cluster, plan, 0, req.software)
 
 
 def min_memory(cost: ilp.CandidateCost, recompute: str | None = None) -> float:
@@ -136,8 +147,7 @@ def min_memory(cost: ilp.CandidateCost, recompute: str | None = None) -> float:
     if recompute is not None and recompute not in offered:
         return float("inf")
     policies = [recompute] if recompute is not None else list(offered)
-    return cost.memory_bytes - max(
-        (cost.layers - 1 if r == "offload" and cost.offload_alone else cost.layers) * offered[r] for r in policies)
+    return cost.memory_bytes - max(ilp.most_layers(cost, r) * offered[r] for r in policies)
 
 
 @dataclass(slots=True)
@@ -291,20 +301,22 @@ def _fit(req: Request, cand: Candidate, per_rank: int, selective: int, full: int
     program offloads (an offloaded layer keeps nothing on the GPU, a recomputed one its input). A program
     that offloads only without recomputation (Megatron-Core) offloads more layers instead, up to all but one."""
     alone = OFFLOAD_WITH_RECOMPUTE not in req.runtime
+    cap = _offload_cap(req, cand) if offload else None
+    room = per_rank if cap is None else min(per_rank, cap + 1)  # offload + 1 < room: one more still fits the host
     while True:
         plan = plan_of(req, cand, selective, full, offload, layouts=True)
         plan = plan.with_prediction(estimate(req.graph, req.cluster, plan, software=req.software))
         if _fits(req, plan):
             return plan
         if offload and alone:
-            if offload + 1 >= per_rank:
+            if offload + 1 >= room:
                 return plan
             offload += 1
         elif selective:
             selective, full = selective - 1, full + 1
         elif full + offload < per_rank:
             full += 1
-        elif offload and full:
+        elif offload and full and offload + 1 < room:
             full, offload = full - 1, offload + 1
         else:
             return plan

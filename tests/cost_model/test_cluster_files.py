@@ -372,7 +372,8 @@ def _h100_numbers() -> dict:
     ("cudnn_attention_by_seq_len", [[2048, 0.5, 3.0], [1024, 0.4, 3.0]], "increasing"),
     ("cudnn_attention_by_seq_len", [[2048, 0.5, -1.0]], "backward ratio > 0"),
     ("host_link_Bps", -1.0, ">= 0"), ("host_link_Bps", "fast", "finite number"),
-    ("host_link_Bps", float("inf"), "finite")])
+    ("host_link_Bps", float("inf"), "finite"), ("host_memory_bytes", -1.0, ">= 0"),
+    ("host_memory_bytes", "big", "finite number")])
 def test_a_malformed_accelerator_field_is_refused_naming_it(tmp_path, field, value, rule) -> None:
     data = _h100_numbers()
     data["accelerator"][field] = _n(value)
