@@ -124,6 +124,10 @@ class LayerCost:
     comm_bytes_bwd: dict[str, float]
 
 
+# the router's place in a MoE layer's ``layer_matmuls`` (after wq; wk, wv; wo)
+ROUTER = 3
+
+
 def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], ...]:
     """(m, n, k, count) of every matmul ``(m, k) @ (k, n)`` of one layer on one GPU."""
     d, m, t = shape.dims, shape.tokens, shape.tp
@@ -208,8 +212,8 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
 
 
 def head_dtype(dtype: str, cluster: Cluster) -> str:
-    """The dtype the output layer's GEMM runs in: bf16 under FP8 and NVFP4 (Megatron-Core's output layer is not a
-    Transformer Engine module; module docstring), where the accelerator has a bf16 rate."""
+    """The dtype the output layer's (and a MoE router's) GEMM runs in: bf16 under FP8 and NVFP4 (Megatron-Core's
+    output layer is not a Transformer Engine module; module docstring), where the accelerator has a bf16 rate."""
     return "bfloat16" if dtype in GEMM_OPERAND_BYTES and "bfloat16" in cluster.accelerator.peak_flops else dtype
 
 
@@ -223,9 +227,13 @@ def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
 def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) seconds of the layer's weight matmuls on one GPU."""
     accel, ab = cluster.accelerator, ACTIVATION_BYTES[shape.dtype]
+    # Megatron-Core's router is no Transformer Engine module either (``router_gating_linear``,
+    # megatron/core/transformer/moe/moe_utils.py @d98e8a6: a bf16 GEMM with an fp32 output, its backward in the
+    # router dtype, fp32 where a model sets moe_router_dtype, priced here at bf16's rate): never FP8 or NVFP4
+    router = ROUTER if shape.dims.family == "moe" else -1
     fwd = bwd = 0.0
-    for m, n, k, count in layer_matmuls(shape):
-        f, b = matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)
+    for i, (m, n, k, count) in enumerate(layer_matmuls(shape)):
+        f, b = matmul_fwd_bwd_s(accel, head_dtype(shape.dtype, cluster) if i == router else shape.dtype, m, n, k, ab)
         fwd, bwd = fwd + count * f, bwd + count * b
     scale = shape.dims.matmul_scale  # the traced block's matmul FLOPs where the family's shapes miss them
     return fwd * scale, bwd * scale

@@ -667,3 +667,26 @@ def test_nvfp4_runs_tensor_parallel_communication_exposed_as_nvidias_recipes_do(
     fp8 = LayerShape(dims=llama405, micro_batch=1, seq_len=8192, tp=4, sp=True, dtype="float8", software=recipes)
     hidden, exposed = layer_cost(fp8, gb200), layer_cost(dataclasses.replace(fp8, dtype="float4"), gb200)
     assert exposed.fwd_comm_s > 3 * hidden.fwd_comm_s and exposed.bwd_comm_s > 3 * hidden.bwd_comm_s
+
+
+def test_a_moe_router_runs_in_bf16_under_fp8() -> None:
+    """Megatron-Core's router GEMM (``router_gating_linear``) is not a Transformer Engine module: in a float8 plan
+    it is timed at the bf16 rate, the layer's other GEMMs at the FP8 rate."""
+    from meshplan.cost_model.kernels import matmul_fwd_bwd_s
+    from meshplan.cost_model.layer_cost import ROUTER, matmul_s
+
+    h100 = Cluster.preset("h100-sxm")
+    qwen = ir.ModelDims(family="moe", layers=48, hidden=2048, heads=32, kv_heads=4, ffn_hidden=768, vocab=151936,
+                        experts=128, top_k=8, head_dim=128)
+    shape = LayerShape(dims=qwen, micro_batch=1, seq_len=4096, ep=8, dtype="float8",
+                       software=software_named("megatron-core-perf-recipes"))
+    mms = layer_matmuls(shape)
+    assert mms[ROUTER][1] == qwen.experts
+
+    def timed(i: int, dtype: str) -> float:
+        m, n, k, count = mms[i]
+        return count * matmul_fwd_bwd_s(h100.accelerator, dtype, m, n, k, 2)[0]
+
+    expected = sum(timed(i, "bfloat16" if i == ROUTER else "float8") for i in range(len(mms)))
+    assert matmul_s(shape, h100)[0] == pytest.approx(expected)
+    assert timed(ROUTER, "bfloat16") > 1.5 * timed(ROUTER, "float8")
