@@ -320,10 +320,11 @@ def _ranks(plan: Plan, summary: ModelSummary, cluster: Cluster, software: Softwa
     ranks = rank_layers(plan, summary.dims.layers)
     if cluster.accelerator.host_link_Bps <= 0:
         return tuple(replace(r, none=r.none + r.offload, offload=0) for r in ranks)
+    if cluster.accelerator.host_memory_bytes <= 0 or not any(r.offload for r in ranks):
+        return ranks  # nothing to check (every estimate of a plan that offloads nothing passes here)
     out = []
     for r in ranks:
-        room = host_offload_layers(summary, cluster, plan, r.rank, software)
-        kept = max(0, r.offload - room) if room is not None else 0
+        kept = max(0, r.offload - host_offload_layers(summary, cluster, plan, r.rank, software)) if r.offload else 0
         out.append(replace(r, none=r.none + kept, offload=r.offload - kept) if kept else r)
     return tuple(out)
 

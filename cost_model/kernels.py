@@ -48,6 +48,7 @@ dV = P^T dO, dQ = dS K, dK = dS^T Q), a dropout backward (5 bytes per score) and
 from __future__ import annotations
 
 from .hardware import FRESH_PAGES_BYTES, Accelerator
+from .memory import GEMM_OPERAND_BYTES
 
 
 SPLIT_K = 2048
@@ -116,6 +117,13 @@ def plain_attention_fwd_bwd_s(accel: Accelerator, dtype: str, *, batch_heads: fl
     return fwd, bwd
 
 
+def unquantized_dtype(accel: Accelerator, dtype: str) -> str:
+    """The dtype of work a plan in ``dtype`` does outside Transformer Engine's quantized GEMMs (fused attention,
+    Megatron-Core's output layer and MoE router): bf16 under FP8 and NVFP4 (``memory.GEMM_OPERAND_BYTES``), where
+    the accelerator has a bf16 rate; else ``dtype`` itself."""
+    return "bfloat16" if dtype in GEMM_OPERAND_BYTES and "bfloat16" in accel.peak_flops else dtype
+
+
 def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
                         causal: bool = True, head_dim: float | None = None, speed: float = 1.0,
                         seq_len: float | None = None, kernel: str = "fa2") -> tuple[float, float]:
@@ -125,7 +133,7 @@ def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
     ``speed``: the program's kernel's rate over the one the accelerator measured (``Software.attention_speed``);
     ``seq_len``: the length one kernel call runs over (its queries), for an accelerator's curve by length;
     ``kernel``: the program's fused-attention kernel, "fa2" or "cudnn" (``Software.attention_kernel``)."""
-    compute_dtype = "bfloat16" if dtype in ("float8", "float4") and "bfloat16" in accel.peak_flops else dtype
+    compute_dtype = unquantized_dtype(accel, dtype)
     executed = counted_flops * (0.5 if causal else 1.0)
     efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len, kernel)
     fwd = executed / (accel.peak(compute_dtype) * efficiency * speed) + accel.kernel_overhead_s

@@ -78,7 +78,7 @@ from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles, runs_loss_parallel)
 from .kernels import (attention_fwd_bwd_s, fresh_pages_s, matmul_fwd_bwd_s, memory_time_s,
-                      plain_attention_fwd_bwd_s, transcendental_excess_s)
+                      plain_attention_fwd_bwd_s, transcendental_excess_s, unquantized_dtype)
 from .fusion import fusion_saving
 from .memory import ACTIVATION_BYTES, GEMM_OPERAND_BYTES
 from .software import DEFAULT, Software
@@ -211,12 +211,6 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     return per_elem * inputs, kernels, per_elem * grads, kernels
 
 
-def head_dtype(dtype: str, cluster: Cluster) -> str:
-    """The dtype the output layer's (and a MoE router's) GEMM runs in: bf16 under FP8 and NVFP4 (Megatron-Core's
-    output layer is not a Transformer Engine module; module docstring), where the accelerator has a bf16 rate."""
-    return "bfloat16" if dtype in GEMM_OPERAND_BYTES and "bfloat16" in cluster.accelerator.peak_flops else dtype
-
-
 def dispatch_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) framework seconds (dispatch, autograd) of one layer: its eager ops counted
     from the runtime's structure, plain and on DTensors (``dispatch.py``), at the per-dispatch cost a
@@ -233,7 +227,8 @@ def matmul_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     router = ROUTER if shape.dims.family == "moe" else -1
     fwd = bwd = 0.0
     for i, (m, n, k, count) in enumerate(layer_matmuls(shape)):
-        f, b = matmul_fwd_bwd_s(accel, head_dtype(shape.dtype, cluster) if i == router else shape.dtype, m, n, k, ab)
+        dtype = unquantized_dtype(accel, shape.dtype) if i == router else shape.dtype
+        f, b = matmul_fwd_bwd_s(accel, dtype, m, n, k, ab)
         fwd, bwd = fwd + count * f, bwd + count * b
     scale = shape.dims.matmul_scale  # the traced block's matmul FLOPs where the family's shapes miss them
     return fwd * scale, bwd * scale
@@ -371,7 +366,7 @@ def edge_cost(shape: LayerShape, cluster: Cluster, *, first: bool, last: bool) -
         comm_f += collective_time(kind, act, tp, 1, cluster) + sync
         tp_bytes += bus_bytes(kind, act, tp)
     if last:
-        f, b = matmul_fwd_bwd_s(accel, head_dtype(shape.dtype, cluster), m, d.vocab / tp, d.hidden, ab)
+        f, b = matmul_fwd_bwd_s(accel, unquantized_dtype(accel, shape.dtype), m, d.vocab / tp, d.hidden, ab)
         logits = m * d.vocab / (1 if gathered else tp)  # the loss's
         norm = (4 if d.family == "gpt" else 8) * whole
         # bytes a logit the loss moves (Software.cross_entropy): FlashAttention's xentropy kernel reads the

@@ -198,6 +198,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..ir.errors import PlanError
+from .memory import GEMM_OPERAND_BYTES
 
 ATTENTION = ("flash", "plain")
 ATTENTION_KERNELS = ("fa2", "cudnn")
@@ -281,9 +282,9 @@ class Software:
         return self.tp_comm_overlap and dtype != "float4"
 
     def keeps_fp8_weights(self, dtype: str, zero_stage: int) -> bool:
-        """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8 (``fp8_param_gather``: with
+        """Whether a plan in ``dtype`` at ``zero_stage`` keeps its weights in FP8, or NVFP4 (``fp8_param_gather``: with
         the distributed optimizer, ZeRO-1, only)."""
-        return self.fp8_param_gather and dtype in ("float8", "float4") and zero_stage == 1
+        return self.fp8_param_gather and dtype in GEMM_OPERAND_BYTES and zero_stage == 1
 
 
 # meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their
