@@ -49,7 +49,12 @@ config sets ``moe_flex_dispatcher_backend``; such rows are predicted with ``mega
 place the dispatcher changes the prediction, and beside ``ep_overlap``; the others keep the all-to-all.
 ``ep_overlap`` is ``true`` where the config sets ``moe_a2a_overlap`` (Megatron's 1F1B A2A overlap,
 ``Software.ep_comm_overlap``), checked for the rows whose EP all-to-all the model otherwise exposes: NVIDIA's H100
-Qwen3-235B rows, DeepSeek-V3 B200 26.04.01, Qwen3-30B H100 26.02 and GPT-OSS GB200 26.04 and 26.04.01.
+Qwen3-235B rows, DeepSeek-V3 B200 26.04.01, Qwen3-30B H100 26.02 and GPT-OSS GB200 26.04 and 26.04.01, and the
+26.06 and 26.06.01 MXFP8 rows below. ``fused_grouped_mlp`` is ``true`` where the config sets
+``cutedsl_fused_grouped_mlp`` (``Software.fused_grouped_mlp``): the MXFP8 MoE rows of 26.06 (workload configs
+@v0.5.0) and 26.06.01 (@v0.5.1) on GB200 and GB300, and Qwen3-30B on B300 in 26.06; each of those configs also sets
+``moe_a2a_overlap``. A row whose publisher flags its number as a known regression (``known_regression``, the
+flag quoted: GPT-OSS 120B in 26.06.01) is listed as skipped, not scored.
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -171,6 +176,7 @@ class Run:
     assumed: str  # what the row does not say and we assumed, or ""
     ep_overlap: bool  # the row's config overlaps the EP all-to-alls with compute (``software_of_run``)
     mxfp8: bool  # the row trained in MXFP8 (its dtype cell): block scales, not its preset's FP8 recipe
+    fused_grouped_mlp: bool  # the row's config fuses the experts' GEMM and SwiGLU (``software_of_run``)
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -322,12 +328,16 @@ def software_of_run(run: Run) -> Software:
         software = dataclasses.replace(software, name=software.name + "+mxfp8", fp8_recipe="mxfp8")
     if run.ep_overlap:
         software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
+    if run.fused_grouped_mlp:
+        software = dataclasses.replace(software, name=software.name + "+fused-mlp", fused_grouped_mlp=True)
     return software
 
 
 def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run | str:
     """The run of one CSV row, or why it cannot be predicted. ``traced``: the ``ARCHITECTURES`` to trace
     (default all; tracing DeepSeek-V3 takes about 10 s)."""
+    if _cell(row, "known_regression"):
+        return "not scored: its publisher flags the number as a known regression (known_regression column)"
     source = _source(row)
     family = _cell(row, "family") or "gpt"
     architecture = family.split()[0]
@@ -431,7 +441,8 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     label = row["model"][:38] if "@" in row["model"] else f"{row['model'][:38]} @{gpus}"
     return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
-               graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8")
+               graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8",
+               fused_grouped_mlp=_cell(row, "fused_grouped_mlp") == "true")
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}

@@ -180,7 +180,8 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     if d.family == "llama":
         return moved + 5 * ffn, kernels + 2  # silu (r+w), product (2r+w)
     routed = d.top_k * expert_tokens(shape) * d.hidden * ab  # the k copies of each token
-    moved += 5 * d.top_k * ffn + 5 * routed + m * d.experts * 10  # experts' silu*up, gather, combine; router
+    act = 0.0 if shape.software.fused_grouped_mlp else 5 * d.top_k * ffn  # experts' silu*up, else in the GEMM
+    moved += act + 5 * routed + m * d.experts * 10  # gather, combine; router
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
@@ -200,6 +201,8 @@ def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     f = (expert_tokens(shape) * d.ffn_hidden * d.top_k / expert_split(shape) if d.family == "moe"
          else m * d.ffn_hidden / t)
     up = f * (1 if d.family == "gpt" else 2)  # fc1's output: gate and up for SwiGLU
+    if d.family == "moe" and shape.software.fused_grouped_mlp:
+        f = up = 0.0  # written quantized by the experts' fused GEMM + SwiGLU (Software.fused_grouped_mlp)
     inputs = 2 * whole + q + f  # QKV, fc1 (norm outputs); projection; fc2
     grads = (q + 2 * kv) + m * d.hidden / t * 2 + up  # QKV, projection, fc1, fc2 outputs (row-parallel: whole h)
     if shape.dtype == "float4":

@@ -185,6 +185,16 @@ Fields:
   full recomputation, and under pipelining only with virtual stages (TransformerConfig.__post_init__,
   megatron/core/transformer/transformer_config.py @d98e8a64dd); ``estimate`` applies it where the plan meets
   those rules. The warm-up and cool-down micro-batches, which have no partner, are priced as overlapped too.
+* ``fused_grouped_mlp``: the experts' SwiGLU runs in the epilogue of their first grouped GEMM, forward and
+  backward, which also writes the block-scaled (MXFP8) copies the second GEMM reads: no activation kernel and no
+  quantization of its input or of the first GEMM's output gradient (``layer_cost.elementwise_fwd``,
+  ``layer_cost.fp8_cast_bytes``). Megatron-Bridge's MXFP8 workload configs of the 26.06 release set
+  ``cutedsl_fused_grouped_mlp=True`` for Qwen3, GPT-OSS and DeepSeek-V3 on GB200/GB300 (and Qwen3-30B on B300)
+  (scripts/performance/configs/*/*_workload_base_configs.py @v0.5.0), which runs cuDNN's CuTe-DSL kernels:
+  ``GroupedGemmSwigluSm100`` "contiguous grouped block-scaled GEMM with SwiGLU activation" writing the
+  activation and its row- and column-quantized copies, and ``GroupedGemmDswigluSm100``, its backward "with
+  dSwiGLU activation gradient" (python/cudnn/grouped_gemm/grouped_gemm_{swiglu,dswiglu}/api.py in
+  NVIDIA/cudnn-frontend @3929da2).
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -243,6 +253,7 @@ class Software:
     megatron_buckets: bool = False
     ep_dispatch: str = "alltoall"
     ep_comm_overlap: bool = False
+    fused_grouped_mlp: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:

@@ -690,3 +690,34 @@ def test_a_moe_router_runs_in_bf16_under_fp8() -> None:
     expected = sum(timed(i, "bfloat16" if i == ROUTER else "float8") for i in range(len(mms)))
     assert matmul_s(shape, h100)[0] == pytest.approx(expected)
     assert timed(ROUTER, "bfloat16") > 1.5 * timed(ROUTER, "float8")
+
+
+def test_a_fused_grouped_mlp_moves_no_expert_activation_and_casts_nothing_between_the_expert_gemms() -> None:
+    """Megatron-Bridge's ``cutedsl_fused_grouped_mlp`` runs the experts' SwiGLU in the first grouped GEMM's epilogue,
+    which writes the MXFP8 copies the second GEMM reads (``Software.fused_grouped_mlp``): the layer moves the
+    activation's 5 passes over the k routed copies' FFN width less, forward and twice that backward, and casts
+    neither the fc2 input nor the fc1 output gradient; attention, norms and the dispatch are unchanged."""
+    from meshplan.cost_model.layer_cost import elementwise_fwd, fp8_cast_bytes
+
+    gb300 = Cluster.preset("gb300-nvl72")
+    qwen = ir.ModelDims(family="moe", layers=48, hidden=2048, heads=32, kv_heads=4, ffn_hidden=768, vocab=151936,
+                        experts=128, top_k=8, head_dim=128)
+    mx = dataclasses.replace(software_named("megatron-core-perf-recipes"), fp8_recipe="mxfp8")
+    plain = LayerShape(dims=qwen, micro_batch=8, seq_len=4096, ep=8, dtype="float8", software=mx)
+    fused = dataclasses.replace(plain, software=dataclasses.replace(mx, fused_grouped_mlp=True))
+    f = 8 * 4096 * qwen.top_k * qwen.ffn_hidden  # elements of the experts' activation output on this rank
+    (moved, kernels), (fused_moved, fused_kernels) = elementwise_fwd(plain), elementwise_fwd(fused)
+    assert moved - fused_moved == pytest.approx(5 * f * 2)  # silu (r+w) and product (2r+w) in bf16
+    assert fused_kernels == kernels
+    cast_f, _, cast_b, _ = fp8_cast_bytes(plain)
+    fused_cast_f, _, fused_cast_b, _ = fp8_cast_bytes(fused)
+    assert cast_f - fused_cast_f == pytest.approx(4 * f)  # MXFP8: read 2 bytes, write 2 an element
+    assert cast_b - fused_cast_b == pytest.approx(4 * 2 * f)  # the gate and up gradients
+    slow, fast = layer_cost(plain, gb300), layer_cost(fused, gb300)
+    assert fast.fwd_compute_s < slow.fwd_compute_s and fast.bwd_compute_s < slow.bwd_compute_s
+    assert fast.core_fwd_s == slow.core_fwd_s
+    # a dense layer has no grouped GEMM to fuse
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    dense = LayerShape(dims=llama, micro_batch=1, seq_len=8192, dtype="float8", software=mx)
+    assert elementwise_fwd(dense) == elementwise_fwd(dataclasses.replace(dense, software=fused.software))
+    assert fp8_cast_bytes(dense) == fp8_cast_bytes(dataclasses.replace(dense, software=fused.software))
