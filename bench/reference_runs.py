@@ -48,13 +48,19 @@ config sets ``moe_flex_dispatcher_backend``; such rows are predicted with ``mega
 (``Software.ep_dispatch``). It is filled where the expert group spans nodes outside an NVLink domain, the only
 place the dispatcher changes the prediction, and beside ``ep_overlap``; the others keep the all-to-all.
 ``ep_overlap`` is ``true`` where the config sets ``moe_a2a_overlap`` (Megatron's 1F1B A2A overlap,
-``Software.ep_comm_overlap``), checked for the rows whose EP all-to-all the model otherwise exposes: NVIDIA's H100
-Qwen3-235B rows, DeepSeek-V3 B200 26.04.01, Qwen3-30B H100 26.02 and GPT-OSS GB200 26.04 and 26.04.01, and the
-26.06 and 26.06.01 MXFP8 rows below. ``fused_grouped_mlp`` is ``true`` where the config sets
+``Software.ep_comm_overlap``): NVIDIA's H100 Qwen3-235B rows, DeepSeek-V3 B200 26.04.01, Qwen3-30B H100 26.02,
+Qwen3-235B B300 26.02, GPT-OSS GB200 26.04 and 26.04.01, and the 26.06 and 26.06.01 MXFP8 rows below.
+``fused_grouped_mlp`` is ``true`` where the config sets
 ``cutedsl_fused_grouped_mlp`` (``Software.fused_grouped_mlp``): the MXFP8 MoE rows of 26.06 (workload configs
 @v0.5.0) and 26.06.01 (@v0.5.1) on GB200 and GB300, and Qwen3-30B on B300 in 26.06; each of those configs also sets
 ``moe_a2a_overlap``. A row whose publisher flags its number as a known regression (``known_regression``, the
-flag quoted: GPT-OSS 120B in 26.06.01) is listed as skipped, not scored.
+flag quoted: GPT-OSS 120B in 26.06.01) is listed as skipped, not scored. ``recompute_modules`` lists the submodules
+a row's config recomputes among those the model costs (``Software.recompute_modules``): ``layernorm moe_act`` for
+GPT-OSS 120B on GB200, B200 and H100 in 26.02 to 26.04.01 (not its B200 26.02.01 row, whose published ep 8 matches
+no config of @v0.3.1). Each MoE row of 26.02 to 26.06.01 was compared with the workload config of its release's
+Megatron-Bridge tag (26.02 @v0.3.0, 26.02.01 @v0.3.1, 26.04 @v0.4.0, 26.04.01 @v0.4.1/@v0.4.2, 26.06 @v0.5.0,
+26.06.01 @v0.5.1) on the layout it publishes; DeepSeek-V3's ``mla_up_proj`` and ``mlp`` recomputation is not costed,
+and 25.11's rows match no tag's config exactly, so their flags stay unset.
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -177,6 +183,7 @@ class Run:
     ep_overlap: bool  # the row's config overlaps the EP all-to-alls with compute (``software_of_run``)
     mxfp8: bool  # the row trained in MXFP8 (its dtype cell): block scales, not its preset's FP8 recipe
     fused_grouped_mlp: bool  # the row's config fuses the experts' GEMM and SwiGLU (``software_of_run``)
+    recompute_modules: tuple[str, ...]  # submodules the row's config recomputes (``software_of_run``)
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -330,6 +337,9 @@ def software_of_run(run: Run) -> Software:
         software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
     if run.fused_grouped_mlp:
         software = dataclasses.replace(software, name=software.name + "+fused-mlp", fused_grouped_mlp=True)
+    if run.recompute_modules:
+        software = dataclasses.replace(software, name=software.name + "+recompute-" + "-".join(run.recompute_modules),
+                                       recompute_modules=run.recompute_modules)
     return software
 
 
@@ -442,7 +452,8 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     return Run(label=label, source=source, software=software_of(source, row), publication=publication(row["source"]), hardware=preset, cfg=cfg,
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
                graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8",
-               fused_grouped_mlp=_cell(row, "fused_grouped_mlp") == "true")
+               fused_grouped_mlp=_cell(row, "fused_grouped_mlp") == "true",
+               recompute_modules=tuple(_cell(row, "recompute_modules").split()))
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}

@@ -185,6 +185,22 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
+def recompute_modules_bytes(shape: LayerShape) -> tuple[float, int]:
+    """(bytes moved, kernels) of the forward the backward runs again for ``Software.recompute_modules``: the two
+    norms (read the input, write the output: Transformer Engine's fused RMSNorm/LayerNorm) for ``"layernorm"``,
+    the experts' activation as ``elementwise_fwd`` counts it (none where ``Software.fused_grouped_mlp`` runs it
+    in the GEMM) for ``"moe_act"``."""
+    d, ab, modules = shape.dims, ACTIVATION_BYTES[shape.dtype], shape.software.recompute_modules
+    moved, kernels = 0.0, 0
+    if "layernorm" in modules:
+        moved += 2 * 2 * shape.tokens * d.hidden * ab / (shape.tp if shape.sp else 1)
+        kernels += 2
+    if "moe_act" in modules and d.family == "moe" and not shape.software.fused_grouped_mlp:
+        moved += 5 * d.top_k * expert_tokens(shape) * d.ffn_hidden * ab / expert_split(shape)
+        kernels += 1
+    return moved, kernels
+
+
 def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     """(forward bytes, kernels, backward bytes, kernels) the FP8 quantization of one layer's GEMM operands
     moves (module docstring): the inputs of Megatron-Core's four GEMMs (QKV, projection, fc1, fc2) in the
@@ -260,7 +276,9 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
     cast_f, cast_fk, cast_b, cast_bk = fp8_cast_bytes(shape)
     mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f, kernels - fused.fwd_kernels + cast_fk)
-    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b, 2 * kernels - fused.bwd_kernels + cast_bk)
+    again, again_k = recompute_modules_bytes(shape)  # Software.recompute_modules: their forward, in the backward
+    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b + again,
+                          2 * kernels - fused.bwd_kernels + cast_bk + again_k)
     ops_f, ops_b = dispatch_s(shape, cluster)
     if shape.dims.family == "gpt":  # GELU (tanh) at its measured rate where tanh, not memory, bounds it (CPUs)
         ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp

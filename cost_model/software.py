@@ -195,6 +195,14 @@ Fields:
   activation and its row- and column-quantized copies, and ``GroupedGemmDswigluSm100``, its backward "with
   dSwiGLU activation gradient" (python/cudnn/grouped_gemm/grouped_gemm_{swiglu,dswiglu}/api.py in
   NVIDIA/cudnn-frontend @3929da2).
+* ``recompute_modules``: submodules whose outputs Megatron discards in the forward and recomputes in the
+  backward (``--recompute-modules``; Megatron-Bridge's ``recompute_modules``), on top of the plan's recomputation:
+  ``"layernorm"`` "recompute the input_layernorm and pre_mlp_layernorm", ``"moe_act"`` "recompute the MoE MLP
+  activation function", both by "output-discarding checkpointing" (``TransformerConfig.recompute_modules``,
+  megatron/core/transformer/transformer_config.py @d98e8a64dd). The backward pays their forward again
+  (``layer_cost.recompute_modules_bytes``). NVIDIA's GPT-OSS workload configs set ``["layernorm", "moe_act"]`` on
+  GB200, B200 and H100 (Megatron-Bridge scripts/performance/configs/gpt_oss/*_workload_base_configs.py @v0.3.0 to
+  @v0.4.1). Megatron's other modules (``"mla_up_proj"``, ``"mlp"``, ...) are not costed.
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -215,6 +223,7 @@ ATTENTION_KERNELS = ("fa2", "cudnn")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
 EP_DISPATCH = ("alltoall", "hybridep")
 CROSS_ENTROPY = ("upcast", "flash", "te")
+RECOMPUTE_MODULES = ("layernorm", "moe_act")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,6 +263,7 @@ class Software:
     ep_dispatch: str = "alltoall"
     ep_comm_overlap: bool = False
     fused_grouped_mlp: bool = False
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -266,6 +276,10 @@ class Software:
         if self.cross_entropy not in CROSS_ENTROPY:
             raise PlanError(f"software {self.name!r}: cross_entropy must be one of {CROSS_ENTROPY}, "
                             f"got {self.cross_entropy!r}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown or isinstance(self.recompute_modules, str):
+            raise PlanError(f"software {self.name!r}: recompute_modules must be a tuple of {RECOMPUTE_MODULES}, "
+                            f"got {self.recompute_modules!r}")
         if self.ep_dispatch not in EP_DISPATCH:
             raise PlanError(f"software {self.name!r}: ep_dispatch must be one of {EP_DISPATCH}, got {self.ep_dispatch!r}")
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:

@@ -721,3 +721,30 @@ def test_a_fused_grouped_mlp_moves_no_expert_activation_and_casts_nothing_betwee
     dense = LayerShape(dims=llama, micro_batch=1, seq_len=8192, dtype="float8", software=mx)
     assert elementwise_fwd(dense) == elementwise_fwd(dataclasses.replace(dense, software=fused.software))
     assert fp8_cast_bytes(dense) == fp8_cast_bytes(dataclasses.replace(dense, software=fused.software))
+
+
+def test_recomputed_modules_pay_their_forward_again_in_the_backward() -> None:
+    """Megatron's ``--recompute-modules layernorm moe_act`` (``Software.recompute_modules``): the backward reads and
+    writes the two norms again (2 passes each over the layer's (m, h) activation) and redoes the experts'
+    activation; the forward is unchanged, and a module Megatron has but the model does not cost is refused."""
+    from meshplan.cost_model.kernels import memory_time_s
+    from meshplan.cost_model.layer_cost import recompute_modules_bytes
+
+    gb200 = Cluster.preset("gb200-nvl72")
+    oss = ir.ModelDims(family="moe", layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088,
+                       experts=128, top_k=4, head_dim=64)
+    recipes = software_named("megatron-core-perf-recipes")
+    plain = LayerShape(dims=oss, micro_batch=4, seq_len=4096, ep=64, dtype="bfloat16", software=recipes)
+    both = dataclasses.replace(plain, software=dataclasses.replace(recipes, recompute_modules=("layernorm", "moe_act")))
+    m = 4 * 4096
+    moved, kernels = recompute_modules_bytes(both)
+    assert moved == pytest.approx(2 * 2 * m * oss.hidden * 2 + 5 * oss.top_k * m * oss.ffn_hidden * 2)
+    assert kernels == 3 and recompute_modules_bytes(plain) == (0.0, 0)
+    base, again = layer_cost(plain, gb200), layer_cost(both, gb200)
+    assert again.fwd_compute_s == base.fwd_compute_s
+    assert again.bwd_compute_s - base.bwd_compute_s == pytest.approx(memory_time_s(gb200.accelerator, moved, kernels))
+    # a fused grouped MLP has no separate activation to recompute
+    fused = dataclasses.replace(both.software, fused_grouped_mlp=True)
+    assert recompute_modules_bytes(dataclasses.replace(both, software=fused))[0] == pytest.approx(2 * 2 * m * oss.hidden * 2)
+    with pytest.raises(ir.PlanError, match="recompute_modules"):
+        dataclasses.replace(recipes, recompute_modules=("mla_up_proj",))
