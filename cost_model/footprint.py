@@ -29,8 +29,9 @@ Never under-estimate: where unsure, round up. The allocator allowance is ALLOCAT
 everything else: PyTorch's caching allocator rounds blocks up (to 2 MiB segments for large
 tensors) and fragments as activations of different sizes come and go; a 10% gap between reserved
 and allocated memory is common in torch.cuda.memory_summary() of LLM training (engineering
-allowance, not a measurement). Foreach Adam allocates a temporary the size of its fp32 state shard
-(``torch._foreach_sqrt(exp_avg_sq)``), counted once while the activations are freed.
+allowance, not a measurement). The optimizer step's temporaries (``optimizer_temp_bytes``: foreach AdamW's
+``torch._foreach_sqrt(exp_avg_sq)``, the size of its fp32 state shard; none for a fused one; one parameter's
+for a per-parameter loop) are counted once, while the activations are freed.
 """
 from __future__ import annotations
 
@@ -157,6 +158,19 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
     return total
 
 
+def optimizer_temp_bytes(plan: Plan, bucket_params: float, state_params: float, shard_group: int,
+                         software: Software) -> float:
+    """Bytes the optimizer step allocates beside its state (``Software.optimizer``): foreach AdamW one fp32
+    tensor of every parameter it updates (``state_params``: the parameters whose state the rank holds); a
+    fused one nothing; a per-parameter loop two fp32 tensors of the largest parameter's local part, at most
+    the largest unit (``bucket_params``), or under ZeRO its shard (FSDP's flat chunk)."""
+    if software.optimizer == "fused":
+        return 0.0
+    if software.optimizer == "per_param":
+        return 2 * 4.0 * bucket_params / (shard_group if plan.zero_stage >= 1 else 1)
+    return 4.0 * state_params
+
+
 def _state_dtype(dtype: str, software: Software) -> str:
     """The dtype whose bytes per parameter the model states take (``software.fp32_params``)."""
     return "float32" if software.fp32_params else dtype
@@ -224,7 +238,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         # Transformer Engine caches each weight's FP8 (NVFP4) copy (rowwise and, on Hopper, transposed: 2 bytes a
         # parameter in FP8) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
         buffers += 2.0 * GEMM_OPERAND_BYTES[plan.dtype] * (params.dense + params.expert)
-    optimizer_temp = states["optimizer"] / STATE_BYTES[state_dtype][2] * 4.0
+    optimizer_temp = optimizer_temp_bytes(plan, params.bucket, states["optimizer"] / STATE_BYTES[state_dtype][2],
+                                          shard_group, software)
     buffers += max(0.0, optimizer_temp - activations - buffers)
     buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)
     return {**states, "activations": activations, "buffers": buffers}

@@ -203,6 +203,17 @@ Fields:
   (``layer_cost.recompute_modules_bytes``). NVIDIA's GPT-OSS workload configs set ``["layernorm", "moe_act"]`` on
   GB200, B200 and H100 (Megatron-Bridge scripts/performance/configs/gpt_oss/*_workload_base_configs.py @v0.3.0 to
   @v0.4.1). Megatron's other modules (``"mla_up_proj"``, ``"mlp"``, ...) are not costed.
+* ``optimizer``: how the AdamW step runs, which decides the temporaries it allocates beside its state.
+  ``"foreach"``: torch.optim.AdamW's default on CUDA tensors (meshplan's runtime): ``_multi_tensor_adam`` takes
+  ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` of every parameter at once (torch/optim/adam.py),
+  a temporary as large as one fp32 state tensor of the rank's shard. ``"fused"``: a multi-tensor-apply kernel that
+  updates parameters and state in place, with no temporary: Megatron-Core takes Transformer Engine's or Apex's
+  ``FusedAdam`` (megatron/core/optimizer/__init__.py @d98e8a64dd; Megatron-LM 2021 took Apex's), DeepSpeed its
+  own ``FusedAdam`` (deepspeed/ops/adam/fused_adam.py). ``"per_param"``: a Python loop over the parameters, each
+  one's ``denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)`` made and dropped in its turn:
+  Composer's ``DecoupledAdamW`` (composer/optim/decoupled_weight_decay.py @v0.15.0, ``adamw``: ``for i, param in
+  enumerate(params)``), which llm-foundry's ``decoupled_adamw`` builds; two temporaries of one parameter's local
+  shard at most (``footprint.optimizer_temp_bytes``).
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -224,6 +235,7 @@ FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
 EP_DISPATCH = ("alltoall", "hybridep")
 CROSS_ENTROPY = ("upcast", "flash", "te")
 RECOMPUTE_MODULES = ("layernorm", "moe_act")
+OPTIMIZERS = ("foreach", "fused", "per_param")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +276,7 @@ class Software:
     ep_comm_overlap: bool = False
     fused_grouped_mlp: bool = False
     recompute_modules: tuple[str, ...] = ()
+    optimizer: str = "foreach"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -280,6 +293,8 @@ class Software:
         if unknown or isinstance(self.recompute_modules, str):
             raise PlanError(f"software {self.name!r}: recompute_modules must be a tuple of {RECOMPUTE_MODULES}, "
                             f"got {self.recompute_modules!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise PlanError(f"software {self.name!r}: optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.ep_dispatch not in EP_DISPATCH:
             raise PlanError(f"software {self.name!r}: ep_dispatch must be one of {EP_DISPATCH}, got {self.ep_dispatch!r}")
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
@@ -327,7 +342,7 @@ DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True
 # because they are large); GPT dropout 0.1; the data-parallel all-reduce runs after the backward
 # (``allreduce_gradients`` in ``train_step``; bucketed overlap came with Megatron-Core in 2023).
 MEGATRON_LM_2021 = Software(name="megatron-lm-2021", attention="plain", dropout=True, overlap_grad_reduce=False,
-                            sp_regather=True, search_space="megatron")
+                            sp_regather=True, search_space="megatron", optimizer="fused")
 
 # DeepSpeed ZeRO-3 on Megatron's GPT as in Narayanan et al. 2021 Table 2: the model code of
 # Megatron-LM 2021 (unfused attention, dropout); ZeRO-3 with the defaults of its config (5e7
@@ -338,16 +353,17 @@ MEGATRON_LM_2021 = Software(name="megatron-lm-2021", attention="plain", dropout=
 # activation checkpointing parameters are loaded three times, forward, recompute and backward).
 DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", dropout=True,
                                 zero3_prefetch_params=5e7, zero3_flat=True, zero3_regather_recompute=True,
-                                search_space="megatron")
+                                search_space="megatron", optimizer="fused")
 
 # Megatron-Core as in its README's H100 table (2024): FlashAttention through Transformer Engine; the
 # overlaps the table lists (--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); dropout
 # at Megatron's defaults (--hidden-dropout 0.1, --attention-dropout 0.1 in megatron/training/arguments.py);
-# bf16 gradients reduced in fp32 (forced for bf16 in the same file).
+# bf16 gradients reduced in fp32 (forced for bf16 in the same file); Transformer Engine's or Apex's FusedAdam.
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
-                              fp8_param_gather=True, expert_tp=True, megatron_buckets=True)
+                              fp8_param_gather=True, expert_tp=True, megatron_buckets=True,
+                              optimizer="fused")
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and
@@ -393,9 +409,11 @@ MEGATRON_CORE_PERF_RECIPES_HYBRIDEP = dataclasses.replace(MEGATRON_CORE_PERF_REC
 # The loss is FlashAttention's fused cross-entropy: ``ComposerMPTCausalLM`` defaults ``loss_fn`` to
 # ``fused_crossentropy`` (llmfoundry/models/mpt/modeling_mpt.py @b2a43a147 line 724, @5e85bd62d line 981), which
 # no benchmark yaml overrides (only mpt-small-cpu.yaml and testing.yaml set torch_crossentropy), and the gpu
-# extra installs its xentropy kernel (setup.py: xentropy-cuda-lib from flash-attention's csrc/xentropy).
+# extra installs its xentropy kernel (setup.py: xentropy-cuda-lib from flash-attention's csrc/xentropy). The optimizer is
+# Composer's DecoupledAdamW (mpt-*.yaml: ``optimizer: name: decoupled_adamw``), a loop over the parameters.
 LLM_FOUNDRY_2023 = dataclasses.replace(DEFAULT, name="llm-foundry-2023", attention_speed=0.44, fp32_grad_reduce=True,
-                                       zero_copy_buffers=False, eager_modules=False, cross_entropy="flash")
+                                       zero_copy_buffers=False, eager_modules=False, cross_entropy="flash",
+                                       optimizer="per_param")
 
 # The same program with Composer's FSDP mixed precision PURE (bf16 parameters gathered, gradients reduced in
 # bf16; the sharded parameters FSDP1 keeps stay fp32): llm-foundry's tables before b2a43a147 (the A100 40GB

@@ -91,3 +91,34 @@ def test_zero2_under_fsdp2_shards_parameters_at_rest_and_holds_the_gathered_copi
     theirs = memory_breakdown(graph, cluster, plan, software=MEGATRON_CORE_2024)
     # Megatron reduces bf16 gradients in fp32: its main_grad buffers take 4 bytes per parameter
     assert theirs["params"] == pytest.approx(2 * psi) and theirs["grads"] == pytest.approx(4 * psi / 8)
+
+
+def test_the_optimizer_step_holds_what_its_implementation_allocates(make_graph, make_plan) -> None:
+    """torch's foreach AdamW takes the square root of every second moment at once (a temporary the size of
+    one fp32 state tensor), a fused AdamW (Megatron's TE/Apex FusedAdam) updates in place, and a loop over the
+    parameters (Composer's DecoupledAdamW) holds two temporaries of one parameter at a time. With activations
+    smaller than the state, the temporary sets the step's peak."""
+    import dataclasses
+
+    from meshplan import zoo
+    from meshplan.cost_model.footprint import ALLOCATOR_FRACTION
+    from meshplan.cost_model.software import DEFAULT, MEGATRON_CORE_2024
+
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    psi = zoo.param_count(cfg)
+    plan = make_plan(cfg, cluster, global_batch=8, seq_len=32, dp=8, zero=1)
+    assert MEGATRON_CORE_2024.optimizer == "fused" and DEFAULT.optimizer == "foreach"
+    by = {kind: memory_breakdown(graph, cluster, plan, software=dataclasses.replace(MEGATRON_CORE_2024, optimizer=kind))
+          for kind in ("foreach", "fused", "per_param")}
+    assert {k: v for k, v in by["fused"].items() if k != "buffers"} == {
+        k: v for k, v in by["foreach"].items() if k != "buffers"}
+    foreach_temp = 4 * psi / 8  # one fp32 tensor of the rank's ZeRO-1 shard of the state
+    # counted where it exceeds the freed activations and the communication buffers (small here)
+    extra = (by["foreach"]["buffers"] - by["fused"]["buffers"]) / (1 + ALLOCATOR_FRACTION)
+    assert 0.9 * foreach_temp < extra + by["foreach"]["activations"] <= foreach_temp * 1.0001
+    # the largest unit is the embedding or the output layer (vocab x hidden), its shard over the 8 ranks
+    largest = 2 * 4 * cfg.vocab * cfg.hidden / 8
+    assert 0 < by["per_param"]["buffers"] - by["fused"]["buffers"] <= largest * (1 + ALLOCATOR_FRACTION)
+    with pytest.raises(Exception, match="optimizer must be one of"):
+        dataclasses.replace(DEFAULT, optimizer="adafactor")
