@@ -582,6 +582,22 @@ def loso_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def memory_summary(results: list[Result]) -> str:
+    """How many published plans the memory model refuses: each ran, so each refusal over-estimates its peak
+    (the line's ``OOM``), by source, with the largest excess."""
+    refused = [r for r in results if r.prediction.peak_memory_bytes > r.prediction.memory_limit_bytes]
+    lines = [f"\nMemory: {len(refused)} of {len(results)} published plans (each ran) exceed their GPU's memory in the "
+             "model, an over-estimate of their peak"]
+    for source in SOFTWARE:
+        part = [r for r in refused if r.run.source == source]
+        if part:
+            worst = max(part, key=lambda r: r.prediction.peak_memory_bytes / r.prediction.memory_limit_bytes)
+            excess = worst.prediction.peak_memory_bytes / worst.prediction.memory_limit_bytes - 1
+            lines.append(f"  {source:<21} {len(part):3d} of {sum(r.run.source == source for r in results):3d}  "
+                         f"worst {worst.run.label} ({excess:+.0%})")
+    return "\n".join(lines)
+
+
 def _line(res: Result) -> str:
     run, pred = res.run, res.prediction
     fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
@@ -616,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         part = [r for r in results if r.run.source == source]
         if part:
             print(f"  {source:<21} {len(part):3d} rows  MAPE {mape(part):6.1%}  signed {signed_error(part):+6.1%}")
+    print(memory_summary(results))
     print("\nIn sample and leave-one-source-out (module docstring: nothing in the shipped model was fitted to these\n"
           "rows by a procedure, so its LOSO error equals its in-sample one; its software presets were written while\n"
           "they were visible, which no refit can undo. The factor columns fit one throughput factor per\n"
