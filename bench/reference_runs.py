@@ -60,7 +60,14 @@ GPT-OSS 120B on GB200, B200 and H100 in 26.02 to 26.04.01 (not its B200 26.02.01
 no config of @v0.3.1). Each MoE row of 26.02 to 26.06.01 was compared with the workload config of its release's
 Megatron-Bridge tag (26.02 @v0.3.0, 26.02.01 @v0.3.1, 26.04 @v0.4.0, 26.04.01 @v0.4.1/@v0.4.2, 26.06 @v0.5.0,
 26.06.01 @v0.5.1) on the layout it publishes; DeepSeek-V3's ``mla_up_proj`` and ``mlp`` recomputation is not costed,
-and 25.11's rows match no tag's config exactly, so their flags stay unset.
+and 25.11's rows match no tag's config exactly, so their flags stay unset. ``expandable_segments`` is ``true`` where
+NVIDIA's perf scripts ran the row with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+(``Software.expandable_segments``, memory only): in 25.11 (scripts/performance/perf_plugins.py @v0.2.1) Llama 3.1
+405B on GB200 in FP8 or MXFP8; in 26.02 and 26.02.01 (@v0.3.0, @v0.3.1) those and DeepSeek-V3 on H100; in 26.04
+and 26.04.01 (@v0.4.0, @v0.4.1) Llama 3.1 405B on GB200 and GB300 in FP8 or MXFP8 and DeepSeek-V3 on H100 and
+GB200; in 26.06 and 26.06.01 every row (``PERF_ENV_VARS`` in utils/executors.py @v0.5.0, @v0.5.1) but those whose
+config runs Megatron-FSDP on a Llama or sets ``nccl_ub``, for which perf_plugins.py removes it (the Llama 3 70B
+FSDP rows here).
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -184,6 +191,7 @@ class Run:
     mxfp8: bool  # the row trained in MXFP8 (its dtype cell): block scales, not its preset's FP8 recipe
     fused_grouped_mlp: bool  # the row's config fuses the experts' GEMM and SwiGLU (``software_of_run``)
     recompute_modules: tuple[str, ...]  # submodules the row's config recomputes (``software_of_run``)
+    expandable_segments: bool  # the row ran PyTorch's allocator with expandable segments (``software_of_run``)
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -337,6 +345,8 @@ def software_of_run(run: Run) -> Software:
         software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
     if run.fused_grouped_mlp:
         software = dataclasses.replace(software, name=software.name + "+fused-mlp", fused_grouped_mlp=True)
+    if run.expandable_segments:
+        software = dataclasses.replace(software, name=software.name + "+expandable", expandable_segments=True)
     if run.recompute_modules:
         software = dataclasses.replace(software, name=software.name + "+recompute-" + "-".join(run.recompute_modules),
                                        recompute_modules=run.recompute_modules)
@@ -453,7 +463,8 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
                plan=plan, cluster=cluster, unit=unit, measured=measured, measured_step_s=step_s, assumed="; ".join(assumed),
                graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8",
                fused_grouped_mlp=_cell(row, "fused_grouped_mlp") == "true",
-               recompute_modules=tuple(_cell(row, "recompute_modules").split()))
+               recompute_modules=tuple(_cell(row, "recompute_modules").split()),
+               expandable_segments=_cell(row, "expandable_segments") == "true")
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}

@@ -214,6 +214,18 @@ Fields:
   Composer's ``DecoupledAdamW`` (composer/optim/decoupled_weight_decay.py @v0.15.0, ``adamw``: ``for i, param in
   enumerate(params)``), which llm-foundry's ``decoupled_adamw`` builds; two temporaries of one parameter's local
   shard at most (``footprint.optimizer_temp_bytes``).
+* ``expandable_segments``: the program runs PyTorch's caching allocator with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: each stream's memory is one virtual segment whose
+  physical pages are mapped as it grows and unmapped where blocks are free ("Using the cuMemMap-style APIs, it
+  adds the ability to expand the last block in a segment when more memory is needed", pytorch/pytorch#96995;
+  the CUDA semantics notes: it "can reduce fragmentation"), so freed gaps between live blocks do not strand
+  memory, and the footprint takes no fragmentation allowance (``footprint.ALLOCATOR_FRACTION``), only the
+  2 MiB page rounding, which it ignores. Else the default splitting allocator, whose fragmentation GMLake
+  (Guo et al., ASPLOS 2024, arXiv:2401.08156, abstract) measured by undoing it: "an average of 9.2 GB (up to
+  25 GB) GPU memory usage and 15% (up to 33%) fragmentation among eight LLM models on GPU A100 with 80 GB
+  memory". NVIDIA's perf scripts set it per workload up to 26.04.01 and for every workload from 26.06
+  (Megatron-Bridge scripts/performance/perf_plugins.py and utils/executors.py ``PERF_ENV_VARS``); the rows it
+  applies to say so (``bench/reference_runs.py``).
 * ``overlap_slowdown``: how much slower compute runs while a collective runs beside it (NCCL's
   kernels hold SMs and HBM bandwidth). Lee et al. 2025, "Characterizing Compute-Communication
   Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114), abstract: overlapping
@@ -277,6 +289,7 @@ class Software:
     fused_grouped_mlp: bool = False
     recompute_modules: tuple[str, ...] = ()
     optimizer: str = "foreach"
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:

@@ -122,3 +122,23 @@ def test_the_optimizer_step_holds_what_its_implementation_allocates(make_graph, 
     assert 0 < by["per_param"]["buffers"] - by["fused"]["buffers"] <= largest * (1 + ALLOCATOR_FRACTION)
     with pytest.raises(Exception, match="optimizer must be one of"):
         dataclasses.replace(DEFAULT, optimizer="adafactor")
+
+
+def test_expandable_segments_take_no_fragmentation_allowance(make_graph, make_plan) -> None:
+    """The splitting allocator's fragmentation is an allowance of ALLOCATOR_FRACTION over everything held;
+    expandable segments unmap free blocks' pages, so a program that runs them holds only what it allocates."""
+    import dataclasses
+
+    from meshplan import zoo
+    from meshplan.cost_model.footprint import ALLOCATOR_FRACTION
+    from meshplan.cost_model.software import MEGATRON_CORE_2024
+
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    plan = make_plan(cfg, cluster, global_batch=16, seq_len=2048, dp=8, zero=1)
+    assert not MEGATRON_CORE_2024.expandable_segments
+    split = memory_breakdown(graph, cluster, plan, software=MEGATRON_CORE_2024)
+    expandable = memory_breakdown(graph, cluster, plan,
+                                  software=dataclasses.replace(MEGATRON_CORE_2024, expandable_segments=True))
+    assert {k: v for k, v in split.items() if k != "buffers"} == {k: v for k, v in expandable.items() if k != "buffers"}
+    assert sum(split.values()) == pytest.approx(sum(expandable.values()) * (1 + ALLOCATOR_FRACTION))
