@@ -281,11 +281,14 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON instead of the report")
     pl.add_argument("--top", type=int, default=1, help="also show the runners-up and why they lost")
     pl.add_argument("--time-limit", type=float, default=30.0, help="solver time limit in seconds")
+    from .cli_flags import software_name
     from .cost_model.software import SOFTWARE
 
-    pl.add_argument("--software", choices=sorted(SOFTWARE), default=None,
+    pl.add_argument("--software", type=software_name, default=None, metavar="NAME[+MODIFIER...]",
                     help="cost every plan as this program runs it (default meshplan, the runtime emit and run "
-                         "execute); e.g. megatron-core-2024 for a plan to take to Megatron with `meshplan export`")
+                         "execute); e.g. megatron-core-2024 for a plan to take to Megatron with `meshplan export`. "
+                         f"Presets: {', '.join(sorted(SOFTWARE))}; a framework preset may add +mxfp8, +ep-overlap, "
+                         "+fused-mlp, +expandable (PyTorch's expandable segments), +recompute-layernorm-moe_act")
     pl.set_defaults(func=cmd_plan)
     em = sub.add_parser("emit", help="write a torchrun training script for a plan")
     em.add_argument("plan")

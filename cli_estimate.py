@@ -20,6 +20,7 @@ from typing import Any
 
 from . import ir, zoo
 from .cost_model import Cluster, estimate, parse_cluster, software_named
+from .cli_flags import software_name
 from .cost_model.software import SOFTWARE
 from .solver.layouts import param_layouts
 from .solver.stages import megatron_counts
@@ -68,8 +69,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--account-for-loss-in-pipeline-split", dest="account_loss", action="store_true",
                    help="the output layer and loss count as one layer of the last chunk (Megatron-LM's flag)")
     g.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16, or fp32 where the cluster has no bf16")
-    p.add_argument("--software", choices=sorted(SOFTWARE), default="meshplan",
-                   help="the program that runs the plan: its attention kernel and overlaps (default: meshplan)")
+    p.add_argument("--software", type=software_name, default="meshplan", metavar="NAME[+MODIFIER...]",
+                   help="the program that runs the plan: its attention kernel and overlaps (default: meshplan). "
+                        f"Presets: {', '.join(sorted(SOFTWARE))}; a framework preset may add modifiers after +, "
+                        "as `meshplan plan --software` says")
     p.add_argument("--json", action="store_true", help="print the plan with its prediction as JSON")
     p.set_defaults(func=cmd_estimate)
     return p

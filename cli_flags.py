@@ -41,3 +41,15 @@ def check_flags(args: argparse.Namespace) -> None:
             limits.check_positive_int(flag(dest), value, limit)
     if getattr(args, "time_limit", None) is not None:
         limits.check_time_limit("--time-limit", args.time_limit)
+
+
+def software_name(text: str) -> str:
+    """argparse ``type`` of ``--software``: a preset, with the modifiers its name may add after ``+``
+    (``cost_model.software.software_named``); the error lists what is known."""
+    from .cost_model import software_named
+
+    try:
+        software_named(text)
+    except PlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

@@ -107,7 +107,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import functools
 import json
 import math
@@ -337,20 +336,14 @@ def software_of(source: str, row: dict[str, str]) -> str:
 def software_of_run(run: Run) -> Software:
     """The program a run is costed as: its preset (``software_of``), with Megatron's 1F1B A2A overlap where the
     row's workload config turns it on (``ep_overlap``; ``Software.ep_comm_overlap``), and MXFP8's block scaling
-    where the row trained in MXFP8 (``Software.fp8_recipe``; the perf recipes' "FP8" is current scaling)."""
-    software = software_named(run.software)
-    if run.mxfp8 and software.fp8_recipe != "mxfp8":
-        software = dataclasses.replace(software, name=software.name + "+mxfp8", fp8_recipe="mxfp8")
-    if run.ep_overlap:
-        software = dataclasses.replace(software, name=software.name + "+ep-overlap", ep_comm_overlap=True)
-    if run.fused_grouped_mlp:
-        software = dataclasses.replace(software, name=software.name + "+fused-mlp", fused_grouped_mlp=True)
-    if run.expandable_segments:
-        software = dataclasses.replace(software, name=software.name + "+expandable", expandable_segments=True)
+    where the row trained in MXFP8 (``Software.fp8_recipe``; the perf recipes' "FP8" is current scaling), and the
+    other flags of its row: by name, as ``meshplan plan --software`` takes it (``software.MODIFIERS``)."""
+    mods = [mod for mod, on in (("mxfp8", run.mxfp8 and software_named(run.software).fp8_recipe != "mxfp8"),
+                                ("ep-overlap", run.ep_overlap), ("fused-mlp", run.fused_grouped_mlp),
+                                ("expandable", run.expandable_segments)) if on]
     if run.recompute_modules:
-        software = dataclasses.replace(software, name=software.name + "+recompute-" + "-".join(run.recompute_modules),
-                                       recompute_modules=run.recompute_modules)
-    return software
+        mods.append("recompute-" + "-".join(run.recompute_modules))
+    return software_named("+".join([run.software, *mods]))
 
 
 def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run | str:

@@ -445,7 +445,34 @@ SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021,
                                 LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}
 
 
+# What a program sets beyond its preset, as a suffix of its name: ``megatron-core-perf-recipes+mxfp8+expandable``.
+# Each one sets a field (the module docstring); a plan file keeps the name, so the plan is costed again as it was.
+MODIFIERS = {"mxfp8": {"fp8_recipe": "mxfp8"}, "ep-overlap": {"ep_comm_overlap": True},
+             "fused-mlp": {"fused_grouped_mlp": True}, "expandable": {"expandable_segments": True}}
+RECOMPUTE_PREFIX = "recompute-"  # recompute-layernorm-moe_act: Software.recompute_modules
+
+
 def software_named(name: str) -> Software:
-    if name not in SOFTWARE:
-        raise PlanError(f"unknown software {name!r}; known: {', '.join(SOFTWARE)}")
-    return SOFTWARE[name]
+    """A preset by name, with the modifiers its name adds after ``+`` (``MODIFIERS``, ``recompute-<modules>``)."""
+    if not isinstance(name, str):
+        raise PlanError(f"software must be a name, got {name!r}")
+    base, *mods = name.split("+")
+    if base not in SOFTWARE:
+        raise PlanError(f"unknown software {base!r}; known: {', '.join(SOFTWARE)}")
+    if mods and base == DEFAULT.name:
+        raise PlanError(f"software {name!r}: meshplan's runtime is the program emit and run execute, with no "
+                        "modifiers; they describe another framework's program (e.g. megatron-core-perf-recipes+expandable)")
+    fields: dict[str, object] = {}
+    for mod in mods:
+        if mod in MODIFIERS:
+            fields.update(MODIFIERS[mod])
+        elif mod.startswith(RECOMPUTE_PREFIX) and mod != RECOMPUTE_PREFIX:
+            modules = tuple(m for m in RECOMPUTE_MODULES if m in mod[len(RECOMPUTE_PREFIX):].split("-"))
+            if "-".join(modules) != mod[len(RECOMPUTE_PREFIX):]:
+                raise PlanError(f"software {name!r}: {mod!r} must name modules of {RECOMPUTE_MODULES} in that order, "
+                                f"joined by '-' (e.g. {RECOMPUTE_PREFIX}{'-'.join(RECOMPUTE_MODULES)})")
+            fields["recompute_modules"] = modules
+        else:
+            raise PlanError(f"software {name!r}: unknown modifier {mod!r}; known: {', '.join(MODIFIERS)}, "
+                            f"{RECOMPUTE_PREFIX}<{'|'.join(RECOMPUTE_MODULES)}, joined by '-'>")
+    return dataclasses.replace(SOFTWARE[base], name=name, **fields) if mods else SOFTWARE[base]

@@ -29,6 +29,11 @@ VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
 HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep"})
 # the presets the cost model prices with FP8 current scaling (Software.fp8_recipe "tensorwise"), by name as above
 TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep"})
+# what a software name adds after "+" (cost_model.software.MODIFIERS, read by name as above): the settings Megatron
+# takes as flags are written; those NVIDIA's scripts set in the environment are named in the header
+ENVIRONMENT = {"expandable": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+               # Megatron-Bridge scripts/performance/perf_plugins.py @v0.5.0, for cutedsl_fused_grouped_mlp
+               "fused-mlp": "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1"}
 # flag -> (dest, kind, choices); kind "int", "str" or "true" (store_true)
 FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", "int", ()),
@@ -82,6 +87,9 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # the flex dispatcher with its DeepEP-style backend, which sends a token once per remote node
     "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", "str", ("allgather", "alltoall", "flex")),
     "--moe-flex-dispatcher-backend": ("moe_flex_dispatcher_backend", "str", ("deepep", "hybridep", "ncclep")),
+    # ModelParallelConfig.overlap_moe_expert_parallel_comm (megatron/core/model_parallel_config.py): Megatron's 1F1B
+    # A2A overlap, the cost model's Software.ep_comm_overlap
+    "--overlap-moe-expert-parallel-comm": ("overlap_moe_expert_parallel_comm", "true", ()),
     "--swiglu": ("swiglu", "true", ()),
     "--normalization": ("normalization", "str", ("LayerNorm", "RMSNorm")),
     "--position-embedding-type": ("position_embedding_type", "str",
@@ -89,8 +97,18 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+def _software(plan: Plan) -> tuple[str, tuple[str, ...]]:
+    """The plan's software preset and the modifiers its name adds (``megatron-core-perf-recipes+expandable``)."""
+    base, *mods = plan.software.split("+")
+    return base, tuple(mods)
+
+
 def unsupported(plan: Plan) -> list[str]:
     m, missing = plan.mesh, []
+    recompute_modules = [mod for mod in _software(plan)[1] if mod.startswith("recompute-")]
+    if recompute_modules:
+        missing.append(f"Megatron's --recompute-modules ({recompute_modules[0]}), which the plan was priced with and "
+                       "this export does not write (plan without that modifier, or add the flag yourself)")
     if m.pp > 1 and plan.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
         missing.append(f"the {plan.schedule} pipeline schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
     if plan.zero_stage == 3 and m.pp > 1:
@@ -185,21 +203,25 @@ def _model_args(plan: Plan) -> list[str]:
 def to_megatron(plan: Plan) -> str:
     """Megatron-LM arguments for ``plan``: one flag per line, ready to follow ``pretrain_gpt.py``."""
     refuse("Megatron-LM", unsupported(plan))
-    m = plan.mesh
+    m, (base, mods) = plan.mesh, _software(plan)
     args = ["--tensor-model-parallel-size", str(m.tp), *_pipeline_args(plan),
             "--context-parallel-size", str(m.cp), "--expert-model-parallel-size", str(m.ep)]
     if m.ep > 1:  # experts split over tp as the dense MLP (the Megatron-Core presets' expert_tp), or whole when
         # the ep group takes tp ranks (MoE parallel folding: ir.Mesh.ep_over_tp)
         args += ["--expert-tensor-parallel-size", "1" if m.ep_over_tp else str(m.tp)]
-        if plan.software in HYBRIDEP_SOFTWARE:  # the dispatcher the plan was priced with
+        if base in HYBRIDEP_SOFTWARE:  # the dispatcher the plan was priced with
             args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
+        if "ep-overlap" in mods:  # the 1F1B A2A overlap the plan was priced with
+            args += ["--overlap-moe-expert-parallel-comm"]
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
     args += _memory_args(plan)
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"],
              "float4": ["--bf16", "--fp4-format", "e2m1"]}.get(
         plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
-    if plan.dtype == "float8" and plan.software in TENSORWISE_FP8_SOFTWARE:
+    if plan.dtype == "float8" and "mxfp8" in mods:
+        args += ["--fp8-recipe", "mxfp8"]  # block scaling, as the plan was priced
+    elif plan.dtype == "float8" and base in TENSORWISE_FP8_SOFTWARE:
         args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
@@ -212,6 +234,9 @@ def to_megatron(plan: Plan) -> str:
         lines.append(shlex.join(args[i:i + 1 + takes_value]))
         i += 1 + takes_value
     head = f"# {VERSION} arguments for: {plan.summary()} (meshplan)\n"
+    env = [ENVIRONMENT[mod] for mod in mods if mod in ENVIRONMENT]
+    if env:
+        head += f"# priced as run with this environment: {' '.join(env)}\n"
     return head + " \\\n".join(lines) + "\n"
 
 

@@ -254,8 +254,9 @@ class PlanFile(_Strict):
                              Field(max_length=MAX_PARAMS)] = {}
     fusions: Annotated[list[Literal[FUSION_NAMES]], Field(max_length=len(FUSION_NAMES))] = []  # type: ignore[valid-type]
     dtype: Literal[TRAIN_DTYPES] = "bfloat16"  # type: ignore[valid-type]
-    # the program the prediction was costed for (a cost_model.software preset name; looked up, never run)
-    software: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9.-]*$")] = "meshplan"
+    # the program the prediction was costed for (a cost_model.software preset name, with the modifiers it may add
+    # after "+", e.g. megatron-core-perf-recipes+expandable; looked up, never run)
+    software: Annotated[str, Field(min_length=1, max_length=160, pattern=r"^[a-z0-9][a-z0-9._+-]*$")] = "meshplan"
     source: Union[Source, NoSource] = {}
     structure: Structure = Field(default_factory=Structure)  # type: ignore[valid-type]
     prediction: Prediction | None = None

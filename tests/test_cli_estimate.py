@@ -104,3 +104,21 @@ def test_bad_choices_get_their_own_line(capsys, model, degrees, message) -> None
 def test_sizes_beyond_the_limits_are_refused(capsys, size, message) -> None:
     code, _, err = run(capsys, "--model", "gpt-tiny", "--cluster", "cpu:1x4", *size)
     assert message in one_line_error(code, err)
+
+
+def test_software_modifiers_change_what_the_program_is_priced_with(capsys) -> None:
+    """``--software preset+expandable``: the same plan without the allocator's fragmentation allowance, the name
+    kept in the plan; an unknown modifier is one line naming the known ones."""
+    args = ("--model", "llama3-8b", "--cluster", "h100-sxm:1x8", "--global-batch", "8", "--seq-len", "1024",
+            "--dp", "8", "--json", "--software")
+    code, out, err = run(capsys, *args, "megatron-core-perf-recipes")
+    assert code == 0, err
+    code, out2, err = run(capsys, *args, "megatron-core-perf-recipes+expandable")
+    assert code == 0, err
+    plain, expandable = json.loads(out), json.loads(out2)
+    assert expandable["software"] == "megatron-core-perf-recipes+expandable"
+    assert expandable["prediction"]["peak_memory_bytes"] < plain["prediction"]["peak_memory_bytes"]
+    assert expandable["prediction"]["step_time_s"] == plain["prediction"]["step_time_s"]
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", *args, "megatron-core-perf-recipes+turbo"])
+    assert "unknown modifier 'turbo'; known: mxfp8" in capsys.readouterr().err

@@ -748,3 +748,24 @@ def test_recomputed_modules_pay_their_forward_again_in_the_backward() -> None:
     assert recompute_modules_bytes(dataclasses.replace(both, software=fused))[0] == pytest.approx(2 * 2 * m * oss.hidden * 2)
     with pytest.raises(ir.PlanError, match="recompute_modules"):
         dataclasses.replace(recipes, recompute_modules=("mla_up_proj",))
+
+
+def test_a_software_name_adds_its_modifiers_to_its_preset() -> None:
+    """``preset+modifier+...`` names the preset with the fields each modifier sets (``software.MODIFIERS``), as a
+    plan file keeps it and ``--software`` takes it; unknown modifiers, misordered modules and modifiers on
+    meshplan's own runtime are refused, each naming what is known."""
+    from meshplan.ir import PlanError
+
+    base = software_named("megatron-core-perf-recipes")
+    named = software_named("megatron-core-perf-recipes+mxfp8+ep-overlap+fused-mlp+expandable+recompute-layernorm-moe_act")
+    assert named.name.startswith("megatron-core-perf-recipes+") and named.search_space == base.search_space
+    assert (named.fp8_recipe, named.ep_comm_overlap, named.fused_grouped_mlp, named.expandable_segments,
+            named.recompute_modules) == ("mxfp8", True, True, True, ("layernorm", "moe_act"))
+    assert (base.fp8_recipe, base.ep_comm_overlap, base.fused_grouped_mlp, base.expandable_segments,
+            base.recompute_modules) == ("tensorwise", False, False, False, ())
+    assert software_named("megatron-core-perf-recipes") is base
+    for bad, says in (("megatron-core-perf-recipes+fast", "unknown modifier 'fast'; known: mxfp8"),
+                      ("megatron-core-perf-recipes+recompute-moe_act-layernorm", "in that order"),
+                      ("meshplan+expandable", "no modifiers"), ("megatron+mxfp8", "unknown software 'megatron'")):
+        with pytest.raises(PlanError, match=says):
+            software_named(bad)

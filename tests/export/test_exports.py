@@ -186,3 +186,23 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     assert megatron.parse(export(recipes, "megatron")).fp8_recipe == "tensorwise"
     from meshplan.cost_model.software import SOFTWARE  # the export's names are the presets priced that way
     assert megatron.TENSORWISE_FP8_SOFTWARE == {n for n, s in SOFTWARE.items() if s.fp8_recipe == "tensorwise"}
+
+
+def test_a_software_name_s_modifiers_reach_megatron_as_flags_or_named_environment():
+    """A plan priced as ``megatron-core-perf-recipes+mxfp8+ep-overlap+expandable+fused-mlp`` exports MXFP8's recipe
+    and the 1F1B A2A overlap as Megatron's flags, and names the environment NVIDIA's scripts set for the others; a
+    plan priced with recomputed modules, which the export does not write, is refused naming them."""
+    from meshplan.cost_model.software import MODIFIERS
+
+    moe = dataclasses.replace(plan("moe"), dtype="float8", zero_stage=1)
+    assert moe.mesh.ep > 1
+    name = "megatron-core-perf-recipes+mxfp8+ep-overlap+expandable+fused-mlp"
+    text = export(dataclasses.replace(moe, software=name), "megatron")
+    args = megatron.parse(text)
+    assert args.fp8_recipe == "mxfp8" and args.overlap_moe_expert_parallel_comm
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text and "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in text
+    plain = megatron.parse(export(dataclasses.replace(moe, software="megatron-core-perf-recipes"), "megatron"))
+    assert plain.fp8_recipe == "tensorwise" and not plain.overlap_moe_expert_parallel_comm
+    assert set(megatron.ENVIRONMENT) <= set(MODIFIERS)
+    with pytest.raises(ir.InvalidPlanError, match="recompute-modules"):
+        export(dataclasses.replace(moe, software="megatron-core-perf-recipes+recompute-layernorm"), "megatron")
