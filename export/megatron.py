@@ -13,7 +13,12 @@ chunks, chunk ``i`` on pipeline rank ``i % pp``, as in meshplan). Recompute: sel
 selective (the attention core, Korthikanti et al. 2022); full on the first n layers of every chunk is
 ``--recompute-method block --recompute-num-layers n``; full on all layers is ``uniform 1``. Offloading
 the first n layers' activations is ``--cpu-offloading-num-layers n`` (without pipelining or recomputation,
-as TransformerConfig requires).
+as TransformerConfig requires). Modules the software name recomputes (``+recompute-layernorm-moe_act``) are
+``--recompute-granularity selective --recompute-modules`` (with ``core_attn`` where the plan recomputes the
+attention core, and ``--moe-grouped-gemm``, which ``moe_act`` needs), refused beside full recomputation or
+offloading, and under FP8 delayed scaling, as TransformerConfig refuses them. The software name's other
+modifiers are flags (``+mxfp8``: ``--fp8-recipe mxfp8``; ``+ep-overlap``: ``--overlap-moe-expert-parallel-comm``
+where Megatron allows it) or environment named in the header (``+expandable``, ``+fused-mlp``).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-cor
 ENVIRONMENT = {"expandable": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                # Megatron-Bridge scripts/performance/perf_plugins.py @v0.5.0, for cutedsl_fused_grouped_mlp
                "fused-mlp": "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1"}
-# flag -> (dest, kind, choices); kind "int", "str" or "true" (store_true)
+# flag -> (dest, kind, choices); kind "int", "str", "list" (one or more str) or "true" (store_true)
 FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", "int", ()),
     "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", "int", ()),
@@ -59,6 +64,11 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # cpu_offloading (megatron/training/arguments.py), activations only by default
     "--cpu-offloading-num-layers": ("cpu_offloading_num_layers", "int", ()),
     "--recompute-method": ("recompute_method", "str", ("uniform", "block")),
+    # TransformerConfig.recompute_modules (List[str], default ["core_attn"], taken with selective granularity), made a
+    # flag by ArgumentGroupFactory: the cost model prices "layernorm" and "moe_act" (Software.recompute_modules);
+    # "moe_act" needs moe_grouped_gemm (TransformerConfig.__post_init__)
+    "--recompute-modules": ("recompute_modules", "list", ("core_attn", "moe_act", "layernorm")),
+    "--moe-grouped-gemm": ("moe_grouped_gemm", "true", ()),
     "--recompute-num-layers": ("recompute_num_layers", "int", ()),
     "--bf16": ("bf16", "true", ()),
     "--fp16": ("fp16", "true", ()),
@@ -103,12 +113,26 @@ def _software(plan: Plan) -> tuple[str, tuple[str, ...]]:
     return base, tuple(mods)
 
 
+def _recompute_modules(plan: Plan) -> list[str]:
+    """The modules a ``+recompute-<modules>`` software name recomputes (layernorm, moe_act)."""
+    mods = [mod for mod in _software(plan)[1] if mod.startswith("recompute-")]
+    return mods[0][len("recompute-"):].split("-") if mods else []
+
+
+def _current_or_block_scaling(plan: Plan) -> bool:
+    base, mods = _software(plan)
+    return "mxfp8" in mods or base in TENSORWISE_FP8_SOFTWARE
+
+
 def unsupported(plan: Plan) -> list[str]:
     m, missing = plan.mesh, []
-    recompute_modules = [mod for mod in _software(plan)[1] if mod.startswith("recompute-")]
-    if recompute_modules:
-        missing.append(f"Megatron's --recompute-modules ({recompute_modules[0]}), which the plan was priced with and "
-                       "this export does not write (plan without that modifier, or add the flag yourself)")
+    modules = _recompute_modules(plan)
+    if modules and Recompute.FULL in recompute_kinds(plan):
+        missing.append(f"--recompute-modules {' '.join(modules)} beside full recomputation (Megatron takes them with "
+                       "--recompute-granularity selective only)")
+    if modules and plan.dtype == "float8" and not _current_or_block_scaling(plan):
+        missing.append(f"--recompute-modules {' '.join(modules)} under FP8 delayed scaling (\"Delayed scaling does "
+                       "not support moe_act and layernorm recompute for fp8\", TransformerConfig)")
     if m.pp > 1 and plan.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
         missing.append(f"the {plan.schedule} pipeline schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
     if plan.zero_stage == 3 and m.pp > 1:
@@ -124,7 +148,7 @@ def unsupported(plan: Plan) -> list[str]:
         if m.pp > 1:
             missing.append("activation offloading under pipeline parallelism (\"no support for Pipeline "
                            "parallelism with CPU offloading\")")
-        if recompute_kinds(plan) & {Recompute.SELECTIVE, Recompute.FULL}:
+        if recompute_kinds(plan) & {Recompute.SELECTIVE, Recompute.FULL} or _recompute_modules(plan):
             missing.append("activation offloading beside recomputation (\"CPU offloading does not work when "
                            "activation recomputation is enabled\")")
         if set(plan.recompute[:offloaded]) != {Recompute.OFFLOAD} or offloaded >= plan.layers:
@@ -173,10 +197,14 @@ def _memory_args(plan: Plan) -> list[str]:
             args += ["--num-distributed-optimizer-instances", str(plan.mesh.dp // plan.zero_group)]
     elif plan.zero_stage == 3:
         args += ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"]
-    kinds = recompute_kinds(plan)
+    kinds, modules = recompute_kinds(plan), _recompute_modules(plan)
     if Recompute.OFFLOAD in kinds:
         args += ["--cpu-offloading-num-layers", str(plan.recompute.count(Recompute.OFFLOAD))]
-    if Recompute.SELECTIVE in kinds:
+    if modules:  # Megatron's selective granularity recomputes these, and the attention core where the plan does
+        core = ["core_attn"] if Recompute.SELECTIVE in kinds else []
+        args += ["--recompute-granularity", "selective", "--recompute-modules", *core, *modules]
+        args += ["--moe-grouped-gemm"] if "moe_act" in modules else []
+    elif Recompute.SELECTIVE in kinds:
         args += ["--recompute-granularity", "selective"]
     elif kinds == {Recompute.FULL}:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
@@ -211,7 +239,8 @@ def to_megatron(plan: Plan) -> str:
         args += ["--expert-tensor-parallel-size", "1" if m.ep_over_tp else str(m.tp)]
         if base in HYBRIDEP_SOFTWARE:  # the dispatcher the plan was priced with
             args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
-        if "ep-overlap" in mods:  # the 1F1B A2A overlap the plan was priced with
+        if "ep-overlap" in mods and (m.pp == 1 or plan.vp > 1) and Recompute.FULL not in plan.recompute:
+            # the 1F1B A2A overlap, where Megatron allows it and the cost model priced it (estimate._ep_overlap)
             args += ["--overlap-moe-expert-parallel-comm"]
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch)]
     args += ["--sequence-parallel"] if plan.sequence_parallel else []
@@ -230,9 +259,13 @@ def to_megatron(plan: Plan) -> str:
     args += _model_args(plan)
     lines, i = [], 0
     while i < len(args):
-        takes_value = FLAGS[args[i]][1] != "true"
-        lines.append(shlex.join(args[i:i + 1 + takes_value]))
-        i += 1 + takes_value
+        kind = FLAGS[args[i]][1]
+        takes = 0 if kind == "true" else 1
+        if kind == "list":  # its values run to the next flag
+            while i + 1 + takes < len(args) and not args[i + 1 + takes].startswith("--"):
+                takes += 1
+        lines.append(shlex.join(args[i:i + 1 + takes]))
+        i += 1 + takes
     head = f"# {VERSION} arguments for: {plan.summary()} (meshplan)\n"
     env = [ENVIRONMENT[mod] for mod in mods if mod in ENVIRONMENT]
     if env:
@@ -246,6 +279,8 @@ def parser() -> argparse.ArgumentParser:
     for flag, (dest, kind, choices) in FLAGS.items():
         if kind == "true":
             p.add_argument(flag, dest=dest, action="store_true")
+        elif kind == "list":
+            p.add_argument(flag, dest=dest, nargs="+", choices=choices or None)
         else:
             p.add_argument(flag, dest=dest, type=int if kind == "int" else str, choices=choices or None)
     return p

@@ -190,19 +190,37 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
 
 def test_a_software_name_s_modifiers_reach_megatron_as_flags_or_named_environment():
     """A plan priced as ``megatron-core-perf-recipes+mxfp8+ep-overlap+expandable+fused-mlp`` exports MXFP8's recipe
-    and the 1F1B A2A overlap as Megatron's flags, and names the environment NVIDIA's scripts set for the others; a
-    plan priced with recomputed modules, which the export does not write, is refused naming them."""
+    and the 1F1B A2A overlap as Megatron's flags, names the environment NVIDIA's scripts set for the others, and
+    writes recomputed modules as Megatron takes them, refusing the combinations its TransformerConfig refuses."""
     from meshplan.cost_model.software import MODIFIERS
 
-    moe = dataclasses.replace(plan("moe"), dtype="float8", zero_stage=1)
-    assert moe.mesh.ep > 1
+    full_moe = dataclasses.replace(plan("moe"), dtype="float8", zero_stage=1)
+    moe = _no_recompute(full_moe)
+    assert moe.mesh.ep > 1 and moe.mesh.pp == 1 and set(full_moe.recompute) == {ir.Recompute.FULL}
     name = "megatron-core-perf-recipes+mxfp8+ep-overlap+expandable+fused-mlp"
     text = export(dataclasses.replace(moe, software=name), "megatron")
     args = megatron.parse(text)
     assert args.fp8_recipe == "mxfp8" and args.overlap_moe_expert_parallel_comm
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text and "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in text
+    # Megatron refuses the overlap beside full recomputation, and the cost model did not price it there
+    assert not megatron.parse(export(dataclasses.replace(full_moe, software=name), "megatron")
+                              ).overlap_moe_expert_parallel_comm
     plain = megatron.parse(export(dataclasses.replace(moe, software="megatron-core-perf-recipes"), "megatron"))
     assert plain.fp8_recipe == "tensorwise" and not plain.overlap_moe_expert_parallel_comm
     assert set(megatron.ENVIRONMENT) <= set(MODIFIERS)
-    with pytest.raises(ir.InvalidPlanError, match="recompute-modules"):
-        export(dataclasses.replace(moe, software="megatron-core-perf-recipes+recompute-layernorm"), "megatron")
+    # recomputed modules (Software.recompute_modules): Megatron's selective granularity with those modules, the
+    # attention core too where the plan recomputes it, and the grouped GEMM moe_act needs
+    both = megatron.parse(export(dataclasses.replace(moe, software="megatron-core-perf-recipes+recompute-layernorm-moe_act"),
+                                 "megatron"))
+    assert (both.recompute_granularity, both.recompute_modules, both.moe_grouped_gemm) == (
+        "selective", ["layernorm", "moe_act"], True)
+    selective = dataclasses.replace(moe, software="megatron-core-perf-recipes+recompute-layernorm",
+                                    recompute=(ir.Recompute.SELECTIVE,) * moe.layers)
+    args = megatron.parse(export(selective, "megatron"))
+    assert args.recompute_modules == ["core_attn", "layernorm"] and not args.moe_grouped_gemm
+    full = dataclasses.replace(selective, recompute=(ir.Recompute.FULL,) * moe.layers)
+    with pytest.raises(ir.InvalidPlanError, match="beside full recomputation"):
+        export(full, "megatron")
+    delayed = dataclasses.replace(moe, software="megatron-core-2024+recompute-moe_act")
+    with pytest.raises(ir.InvalidPlanError, match="delayed scaling"):
+        export(delayed, "megatron")
