@@ -70,7 +70,9 @@ def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[st
     else:
         layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
                                                            dropout=software.drops_out(d.family),
-                                                           selective_saves_matmuls=software.selective_saves_matmuls)
+                                                           selective_saves_matmuls=software.selective_saves_matmuls,
+                                                           recompute_modules=software.recompute_modules,
+                                                           fused_mlp=software.fused_grouped_mlp)
     return {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
 
 

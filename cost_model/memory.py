@@ -187,19 +187,42 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
     return none
 
 
+def discarded_units(dims: ModelDims, modules: tuple[str, ...], *, fp8: bool = False,
+                    fused_mlp: bool = False) -> tuple[float, float]:
+    """(R, S) units of ``activation_units`` that Megatron's output-discarding recomputation of ``modules``
+    (``Software.recompute_modules``) frees until the backward recomputes them. ``"layernorm"``: the MoE layer's
+    pre-MLP norm output, a norm module of its own whose output feeds the router and the dispatch (2 units); the
+    attention's norm, and a dense MLP's, run inside Transformer Engine's LayerNormLinear, which no recomputation
+    of norms reaches (Megatron's Transformer Engine layer spec: ``linear_qkv=column_parallel_layer_norm_linear()``,
+    ``pre_mlp_layernorm=layer_norm() if num_experts else IdentityOp``, megatron/core/models/gpt/gpt_layer_specs.py
+    @d98e8a64dd; MLA's separate input norm is not counted, which errs high). ``"moe_act"``:
+    the experts' activation output, the second grouped GEMM's input (2 bytes, 1 where Transformer Engine keeps it
+    quantized under FP8), not where a fused grouped MLP makes it inside the GEMM (``fused_mlp``)."""
+    if dims.family != "moe":
+        return 0.0, 0.0
+    whole = 2.0 if "layernorm" in modules else 0.0
+    sharded = ((1.0 if fp8 else 2.0) * dims.top_k * dims.ffn_hidden / dims.hidden
+               if "moe_act" in modules and not fused_mlp else 0.0)
+    return whole, sharded
+
+
 def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                            cp: int = 1, recompute: str = "none", flash: bool = True, dropout: bool = False,
-                           dtype: str = "bfloat16", selective_saves_matmuls: bool = False) -> float:
+                           dtype: str = "bfloat16", selective_saves_matmuls: bool = False,
+                           recompute_modules: tuple[str, ...] = (), fused_mlp: bool = False) -> float:
     """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as Korthikanti et al. count
     them (Megatron's fused modules; meshplan's own program: ``eager_layer_bytes``).
     ``selective_saves_matmuls``: selective recompute keeps the matmul outputs and recomputes the rest
-    (``matmul_save_units``, never more than no recompute), not Korthikanti's attention core alone."""
+    (``matmul_save_units``, never more than no recompute), not Korthikanti's attention core alone.
+    ``recompute_modules``: what Megatron also discards and recomputes (``discarded_units``)."""
     sbh = seq_len / cp * micro_batch * dims.hidden * ACTIVATION_BYTES[dtype] / 2.0
     whole_div = tp if sp else 1
     if recompute == "full":
         return sbh * 2.0 / whole_div
-    whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout,
-                                            fp8=dtype in GEMM_OPERAND_BYTES)
+    fp8 = dtype in GEMM_OPERAND_BYTES
+    whole, sharded, core = activation_units(dims, seq_len=seq_len, flash=flash, dropout=dropout, fp8=fp8)
+    freed_whole, freed_sharded = discarded_units(dims, recompute_modules, fp8=fp8, fused_mlp=fused_mlp)
+    whole, sharded = whole - freed_whole, sharded - freed_sharded
     none = whole / whole_div + (sharded + core) / tp
     if recompute == "selective" and selective_saves_matmuls:
         return sbh * min(matmul_save_units(dims, tp=tp, sp=sp), none)

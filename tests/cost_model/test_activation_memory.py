@@ -110,3 +110,25 @@ def test_megatron_moe_keeps_each_routed_copys_input_but_not_its_output() -> None
     whole8, sharded8, _ = activation_units(qwen3_30b, seq_len=4096, fp8=True)
     assert whole - whole8 == pytest.approx(1 + k)
     assert sharded - sharded8 == pytest.approx((k * f - 4096) / h)  # fc2's inputs halve; the projection's copy
+
+
+def test_recomputed_modules_free_what_megatron_discards_until_the_backward() -> None:
+    """Megatron's output-discarding ``--recompute-modules``: ``layernorm`` frees the MoE layer's pre-MLP norm output
+    (s*b*h at 2 bytes: 2 units; the attention's norm runs inside TE's LayerNormLinear), ``moe_act`` the experts'
+    activation output (k*f per token, 1 byte under FP8), none of it where a fused grouped MLP makes that inside its
+    GEMM; a dense layer frees nothing. A GPT-OSS-shaped MoE: h 2880, 128 experts of 2880, top 4."""
+    moe = ir.ModelDims(family="moe", layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088,
+                       experts=128, top_k=4, head_dim=64)
+    s, b, tp = 4096, 1, 2
+    sbh = s * b * moe.hidden
+    act = lambda **kw: layer_activation_bytes(moe, seq_len=s, micro_batch=b, tp=tp, sp=True, **kw)
+    kept = act()
+    assert kept - act(recompute_modules=("layernorm",)) == pytest.approx(2 * sbh / tp)
+    assert kept - act(recompute_modules=("moe_act",)) == pytest.approx(2 * moe.top_k * sbh / tp)
+    assert act(dtype="float8") - act(dtype="float8", recompute_modules=("moe_act",)) == pytest.approx(
+        moe.top_k * sbh / tp)
+    assert act(recompute_modules=("moe_act",), fused_mlp=True) == act(fused_mlp=True)
+    assert act(recompute="full", recompute_modules=("layernorm", "moe_act")) == act(recompute="full")
+    dense = _gpt(4096, 32, 32)
+    assert layer_activation_bytes(dense, seq_len=s, micro_batch=b, recompute_modules=("layernorm",)) == (
+        layer_activation_bytes(dense, seq_len=s, micro_batch=b))
