@@ -31,9 +31,10 @@ tensors) and fragments as activations of different sizes come and go; a 10% gap 
 and allocated memory is common in torch.cuda.memory_summary() of LLM training (engineering
 allowance; GMLake, arXiv:2401.08156, measured 9.2 GB on average of 80 GB reclaimed by undoing that
 fragmentation over eight LLMs, the same order). None under expandable segments
-(``Software.expandable_segments``), which unmap the pages of free blocks. The optimizer step's temporaries (``optimizer_temp_bytes``: foreach AdamW's
-``torch._foreach_sqrt(exp_avg_sq)``, the size of its fp32 state shard; none for a fused one; one parameter's
-for a per-parameter loop) are counted once, while the activations are freed.
+(``Software.expandable_segments``), which unmap the pages of free blocks. The optimizer step's
+temporaries (``optimizer_temp_bytes``: foreach AdamW's ``torch._foreach_sqrt(exp_avg_sq)``, the size
+of its fp32 state shard; none for a fused one; one parameter's for a per-parameter loop) are counted
+once, while the activations are freed.
 """
 from __future__ import annotations
 

@@ -200,8 +200,8 @@ Fields:
   ``"layernorm"`` "recompute the input_layernorm and pre_mlp_layernorm", ``"moe_act"`` "recompute the MoE MLP
   activation function", both by "output-discarding checkpointing" (``TransformerConfig.recompute_modules``,
   megatron/core/transformer/transformer_config.py @d98e8a64dd). The backward pays their forward again
-  (``layer_cost.recompute_modules_bytes``), and their outputs are not kept (``memory.discarded_units``). NVIDIA's GPT-OSS workload configs set ``["layernorm", "moe_act"]`` on
-  GB200, B200 and H100 (Megatron-Bridge scripts/performance/configs/gpt_oss/*_workload_base_configs.py @v0.3.0 to
+  (``layer_cost.recompute_modules_bytes``), and their outputs are not kept (``memory.discarded_units``).
+  NVIDIA's GPT-OSS workload configs set ``["layernorm", "moe_act"]`` on GB200, B200 and H100 (Megatron-Bridge scripts/performance/configs/gpt_oss/*_workload_base_configs.py @v0.3.0 to
   @v0.4.1). Megatron's other modules (``"mla_up_proj"``, ``"mlp"``, ...) are not costed.
 * ``optimizer``: how the AdamW step runs, which decides the temporaries it allocates beside its state.
   ``"foreach"``: torch.optim.AdamW's default on CUDA tensors (meshplan's runtime): ``_multi_tensor_adam`` takes

@@ -148,7 +148,7 @@ def unsupported(plan: Plan) -> list[str]:
         if m.pp > 1:
             missing.append("activation offloading under pipeline parallelism (\"no support for Pipeline "
                            "parallelism with CPU offloading\")")
-        if recompute_kinds(plan) & {Recompute.SELECTIVE, Recompute.FULL} or _recompute_modules(plan):
+        if recompute_kinds(plan) & {Recompute.SELECTIVE, Recompute.FULL} or modules:
             missing.append("activation offloading beside recomputation (\"CPU offloading does not work when "
                            "activation recomputation is enabled\")")
         if set(plan.recompute[:offloaded]) != {Recompute.OFFLOAD} or offloaded >= plan.layers:
