@@ -159,6 +159,8 @@ def test_offloading_exports_to_megatron_only_as_its_config_allows():
     for bad, why in ((dataclasses.replace(base, recompute=("offload",) * layers), "first n layers"),
                      (dataclasses.replace(off, recompute=("offload", "full") + ("none",) * (layers - 2)),
                       "beside recomputation"),
+                     (dataclasses.replace(off, software="megatron-core-perf-recipes+recompute-layernorm"),
+                      "offloading beside recomputation"),
                      (dataclasses.replace(plan("dense"), recompute=("offload",) * 4 + ("none",) * (plan("dense").layers - 4)),
                       "under pipeline parallelism")):
         with pytest.raises(ir.InvalidPlanError, match=why):
