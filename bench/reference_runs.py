@@ -8,7 +8,9 @@ Each row becomes a graph of its zoo family (``family``: ``gpt``, the default, wi
 ``ffn_hidden`` one expert's; ``kv_heads`` for grouped-query attention; ``head_dim`` where heads are not
 hidden / heads wide (Qwen3); ``ep`` experts over a subgroup of dp; the cost model reads only
 ``graph.dims`` and the parameter total; an architecture no family expresses, DeepSeek-V3's latent attention,
-shared expert and leading dense layers or GPT-OSS's sliding windows and softmax sinks, is built from its Hugging
+shared expert and leading dense layers (and Kimi K2's, the same architecture with 384 experts and 64 heads, whose
+rows were added after the model was written and predicted before anything was changed for them) or GPT-OSS's
+sliding windows and softmax sinks, is built from its Hugging
 Face config in ``data/models`` on the meta device and traced by meshplan's frontend as a user's model is,
 ``ARCHITECTURES``), the plan the source published (tp, pp, dp, cp, vp, micro-batch (1
 when absent), recompute, ZeRO stage, ``dtype``: bf16 when empty, fp8 and mxfp8 as ``float8``), on the
@@ -59,7 +61,8 @@ a row's config recomputes among those the model costs (``Software.recompute_modu
 GPT-OSS 120B on GB200, B200 and H100 in 26.02 to 26.04.01 (not its B200 26.02.01 row, whose published ep 8 matches
 no config of @v0.3.1). Each MoE row of 26.02 to 26.06.01 was compared with the workload config of its release's
 Megatron-Bridge tag (26.02 @v0.3.0, 26.02.01 @v0.3.1, 26.04 @v0.4.0, 26.04.01 @v0.4.1/@v0.4.2, 26.06 @v0.5.0,
-26.06.01 @v0.5.1) on the layout it publishes; DeepSeek-V3's ``mla_up_proj`` and ``mlp`` recomputation is not costed,
+26.06.01 @v0.5.1) on the layout it publishes; DeepSeek-V3's and Kimi K2's ``mla_up_proj`` and ``mlp`` recomputation is
+not costed, nor is the Muon optimizer Kimi K2's rows ran (their table's footnote; Adam's step and states are priced),
 and 25.11's rows match no tag's config exactly, so their flags stay unset. ``expandable_segments`` is ``true`` where
 NVIDIA's perf scripts ran the row with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
 (``Software.expandable_segments``, memory only): in 25.11 (scripts/performance/perf_plugins.py @v0.2.1) Llama 3.1
@@ -206,7 +209,7 @@ def graph_of(cfg: zoo.ModelConfig) -> ir.Graph:
 # sinks): the ``family`` cell's first word names a Hugging Face config in ``data/models`` (each cites the
 # configuration NVIDIA's recipes trained), built on the meta device and traced by meshplan's frontend as a
 # user's own model is (``meshplan.frontend.trace``), once per architecture.
-ARCHITECTURES = {"deepseek-v3": "deepseek-v3.json", "gpt-oss": "gpt-oss-120b.json"}
+ARCHITECTURES = {"deepseek-v3": "deepseek-v3.json", "gpt-oss": "gpt-oss-120b.json", "kimi-k2": "kimi-k2.json"}
 
 # Pipeline layouts a recipe fixes for an architecture: Megatron-Bridge v0.2.0
 # src/megatron/bridge/recipes/deepseek/deepseek_v3.py ``layout_map``, layers per chunk for (pp, vp) with the
@@ -214,7 +217,9 @@ ARCHITECTURES = {"deepseek-v3": "deepseek-v3.json", "gpt-oss": "gpt-oss-120b.jso
 # are split as evenly as the layers allow, the first chunks taking the extra layer (assumed, and said so).
 LAYOUTS = {("deepseek-v3", 4, 4): (4,) * 15 + (1,), ("deepseek-v3", 16, 1): (4,) * 15 + (1,),
            ("deepseek-v3", 8, 2): (4,) * 15 + (1,), ("deepseek-v3", 4, 2): (8,) * 7 + (5,),
-           ("deepseek-v3", 8, 1): (8,) * 7 + (5,), ("deepseek-v3", 4, 1): (16, 16, 16, 13)}
+           ("deepseek-v3", 8, 1): (8,) * 7 + (5,), ("deepseek-v3", 4, 1): (16, 16, 16, 13),
+           # Megatron-Bridge v0.4.1 src/megatron/bridge/recipes/kimi/kimi_k2.py ``_get_kimi_k2_pipeline_layout``
+           ("kimi-k2", 4, 4): (4,) * 15 + (1,)}
 
 
 @functools.lru_cache(maxsize=None)

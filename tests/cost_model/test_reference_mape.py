@@ -99,6 +99,7 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     known = ("parallel layout (tp, pp, dp) not published", "tp(", "no hardware preset for ",
              "precision not published", "architecture not expressible by zoo",
              "plan not expressible: ep(", "architecture traced from its config, not traced in this run: deepseek-v3",
+             "architecture traced from its config, not traced in this run: kimi-k2",
              "not scored: its publisher flags the number as a known regression")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16)
     for line in skipped:
         reason = line.split(": ", 2)[2]
@@ -139,6 +140,23 @@ def test_an_architecture_no_zoo_family_expresses_is_traced_from_its_config(resul
     assert r.prediction.step_time_s > 0 and math.isfinite(r.error)
     # the 4 layers per chunk Megatron-Bridge's DeepSeek-V3 recipe lays out over pp 4 x vp 4 (61 = 15 x 4 + 1)
     assert bench.bounds(bench.LAYOUTS["deepseek-v3", 4, 4])[-2:] == ((56, 60), (60, 61))
+
+
+def test_kimi_k2_rows_are_traced_from_its_config_and_laid_out_as_its_recipe_does() -> None:
+    # Kimi K2 (1T): DeepSeek-V3's architecture with 384 experts and 64 heads, traced on meta from bench/data/models
+    # (about 8 s); Megatron-Bridge's recipe lays 61 layers over pp 4 x vp 4 as 15 chunks of 4 and one of 1
+    bench = _bench()
+    rows = [row for row in _rows(bench) if row["model"].startswith("Kimi_K2")]
+    assert len(rows) == 4 and all(row["family"].startswith("kimi-k2 ") for row in rows)
+    run = bench.build_run(rows[0], traced={"kimi-k2"})
+    assert isinstance(run, bench.Run) and run.cfg is None, run
+    dims = run.graph.dims
+    assert (dims.family, dims.layers, dims.hidden, dims.heads, dims.experts, dims.top_k, dims.vocab) == \
+        ("moe", 61, 7168, 64, 384, 8, 163840)
+    assert 1.0e12 < run.graph.param_count < 1.05e12  # "1T total parameters" (moonshotai/Kimi-K2-Instruct)
+    assert run.plan.stages == bench.bounds((4,) * 15 + (1,)) and run.plan.vp == 4 and run.plan.mesh.ep == 64
+    assert not run.assumed  # the layout is the recipe's, not assumed
+    assert "not traced in this run: kimi-k2" in bench.build_run(rows[0], traced={"gpt-oss"})
 
 
 def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
