@@ -14,6 +14,9 @@ listed as not modeled: the cost model prices neither. The H100 rows ran on Grand
 H100 at a 500 W cap, which the source places between the SXM and NVL parts; the nearest preset,
 h100-sxm (700 W, HBM3), is used, so those rows are expected to come out optimistic.
 
+The same rows are a source of ``bench/reference_runs.py``'s in-sample and leave-one-source-out tables
+(``reference_runs.torchtitan_plan`` builds each row's plan for both benches).
+
 A benchmark, not a test: it prints and asserts nothing. Nothing in the cost model was fitted to
 these rows.
 """
@@ -27,32 +30,9 @@ from pathlib import Path
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, estimate, software_named
 
-from reference_runs import graph_of  # noqa: E402 - bench/ is the script's directory
+from reference_runs import graph_of, torchtitan_plan  # noqa: E402 - bench/ is the script's directory
 
 DATA = Path(__file__).resolve().parent / "data" / "torchtitan_runs.csv"
-RECOMPUTE = {"none": "none", "selective op": "selective", "full": "full"}
-
-
-def recompute_of(policy: str, layers: int) -> tuple[str, ...]:
-    if policy == "selective layer":  # torchtitan selective_ac_option "2": every second block checkpointed
-        return tuple("full" if i % 2 else "none" for i in range(layers))
-    return (RECOMPUTE[policy],) * layers
-
-
-def build(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:
-    if row["extras"].strip():
-        return f"ran {row['extras']}: the cost model prices neither torch.compile nor Float8"
-    gpus, dp, tp, lb = int(row["gpus"]), int(row["dp"]), int(row["tp"]), int(row["local_batch"])
-    s, layers = int(row["seq_len"]), int(row["layers"])
-    cfg = zoo.ModelConfig(family="llama", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
-                          kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
-                          max_seq_len=s, name=row["model"])
-    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
-    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
-    plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
-                   mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
-                   num_microbatches=1, recompute=recompute_of(row["activation_checkpointing"], layers))
-    return plan, cluster, cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
           f" {'mem GiB':>8s} {'predicted':>9s}")
     errors, skipped = [], []
     for row in rows:
-        built = build(row)
+        built = torchtitan_plan(row)
         label = f"{row['model']} {row['gpu_type'][:4]} dp{row['dp']} tp{row['tp']} lb{row['local_batch']}"
         if isinstance(built, str):
             skipped.append(f"{label}: {built}")

@@ -1,5 +1,5 @@
-"""Predict every published run of ``bench/data/reference_runs.csv`` with its published plan, in sample
-and leave-one-source-out.
+"""Predict every published run of ``bench/data/reference_runs.csv`` (and torchtitan's FSDP2 runs of
+``bench/data/torchtitan_runs.csv``) with its published plan, in sample and leave-one-source-out.
 
     python bench/reference_runs.py [--csv FILE] [--breakdown] [--traced deepseek-v3,gpt-oss]
 
@@ -32,7 +32,11 @@ counts it (REFERENCE.md sec. 0):
 * Llama 3 (arXiv:2407.21783 Table 4): TFLOP/s per GPU by the PaLM MFU count the paper cites
   (``palm_flops``: 6N + 12*L*h*s per token);
 * MosaicML llm-foundry's MPT benchmarks (``scripts/train/benchmarking/README.md``): Throughput (T/s/GPU),
-  compared as tokens/s per GPU.
+  compared as tokens/s per GPU;
+* torchtitan's FSDP2 runs (``docs/performance.md`` and ``benchmarks/llama3_h100_202412_torchtitan.md``, each
+  its own source; ``torchtitan_run``, in torchtitan_runs.csv's columns, which ``pytorch_native_runs.py`` also
+  prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the default preset
+  (meshplan's runtime: the same PyTorch stack). Rows that ran torch.compile or Float8 are skipped.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -126,6 +130,7 @@ from meshplan.solver.stages import bounds, megatron_counts
 # the published runs and the accelerators, each row with its source (copied from the project's
 # shared notes so that a clone of the repository has them)
 DATA = Path(__file__).resolve().parent / "data"
+TORCHTITAN_CSV = DATA / "torchtitan_runs.csv"  # torchtitan's FSDP2 runs, in their own columns (``torchtitan_run``)
 
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).
 SOFTWARE = {
@@ -163,6 +168,12 @@ SOFTWARE = {
     # prefetch without forward prefetch, flash-attn's fused cross-entropy, and the 2 carried-over A100 70b rows'
     # PURE bf16 parameters.
     "foundry": "llm-foundry-2023",
+    # torchtitan's published FSDP2 runs (bench/data/torchtitan_runs.csv, ``torchtitan_run``): PyTorch's own FSDP2 and
+    # DTensor TP in eager mode, the stack meshplan's runtime emits, so the default preset, meshplan's runtime's
+    # program. Not carried: torchtitan's fused Triton RMSNorm of @0413364 (llama3_8b.toml norm_type fused_rmsnorm;
+    # the preset prices eager norms, rounding up) and the H100 rows' 96 GB HBM2e parts at a 500 W cap (costed on the
+    # 700 W HBM3 h100-sxm preset, the nearest: optimistic by construction).
+    "torchtitan": "meshplan",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
@@ -322,6 +333,50 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
 
 
 MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default to sequence parallelism and ZeRO-1
+
+
+# torchtitan_runs.csv: activation checkpointing as torchtitan names it, in the cost model's per-layer terms
+TORCHTITAN_RECOMPUTE = {"none": "none", "selective op": "selective", "full": "full"}
+
+
+def torchtitan_recompute(policy: str, layers: int) -> tuple[str, ...]:
+    if policy == "selective layer":  # torchtitan selective_ac_option "2": every second block checkpointed
+        return tuple("full" if i % 2 else "none" for i in range(layers))
+    return (TORCHTITAN_RECOMPUTE[policy],) * layers
+
+
+def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:
+    """The plan of a torchtitan_runs.csv row (FSDP over dp = ZeRO-3, TP with SP, the local batch as one
+    micro-batch, its activation checkpointing), or why it is not modeled."""
+    if row["extras"].strip():
+        return f"ran {row['extras']}: the cost model prices neither torch.compile nor Float8"
+    gpus, dp, tp, lb = int(row["gpus"]), int(row["dp"]), int(row["tp"]), int(row["local_batch"])
+    s, layers = int(row["seq_len"]), int(row["layers"])
+    cfg = zoo.ModelConfig(family="llama", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
+                          kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
+                          max_seq_len=s, name=row["model"])
+    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
+    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
+    plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
+                   mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
+                   num_microbatches=1, recompute=torchtitan_recompute(row["activation_checkpointing"], layers))
+    return plan, cluster, cfg
+
+
+def torchtitan_run(row: dict[str, str]) -> Run | str:
+    """A torchtitan_runs.csv row as a run of the reference set (source ``torchtitan``), or why it is not modeled."""
+    built = torchtitan_plan(row)
+    if isinstance(built, str):
+        return built
+    plan, cluster, cfg = built
+    gpu = row["gpu_type"]
+    assumed = "" if gpu.startswith("A100") else f"{gpu} costed as h100-sxm (700 W, HBM3)"
+    return Run(label=f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38] + f" @{row['gpus']}",
+               source="torchtitan", software=SOFTWARE["torchtitan"], publication=publication(row["source"]),
+               hardware=cluster.name, cfg=cfg, plan=plan, cluster=cluster, unit="tok",
+               measured=float(row["measured_tokens_per_s_per_gpu"]), measured_step_s=None, assumed=assumed,
+               graph=graph_of(cfg), ep_overlap=False, mxfp8=False, fused_grouped_mlp=False, recompute_modules=(),
+               expandable_segments=False)
 
 
 def software_of(source: str, row: dict[str, str]) -> str:
@@ -495,15 +550,20 @@ class Result:
         return self.predicted / self.run.measured - 1
 
 
-def evaluate(csv_path: Path, traced: Collection[str] | None = None) -> tuple[list[Result], list[str]]:
-    """Every predictable row's result, and a line per skipped row saying why (``traced``: ``build_run``'s)."""
+def evaluate(csv_path: Path, traced: Collection[str] | None = None,
+             native_csv: Path | None = TORCHTITAN_CSV) -> tuple[list[Result], list[str]]:
+    """Every predictable row's result, and a line per skipped row saying why (``traced``: ``build_run``'s), of
+    ``csv_path`` and of torchtitan's runs (``native_csv``, in their own format: ``torchtitan_run``; None: not)."""
     with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        rows = [(f"line {line}", row, build_run(row, traced)) for line, row in enumerate(csv.DictReader(f), 2)]
+    if native_csv is not None:
+        with open(native_csv, newline="") as f:
+            rows += [(f"{native_csv.name} line {line}", row, torchtitan_run(row))
+                     for line, row in enumerate(csv.DictReader(f), 2)]
     results, skipped = [], []
-    for line, row in enumerate(rows, 2):
-        run = build_run(row, traced)
+    for where, row, run in rows:
         if isinstance(run, str):
-            skipped.append(f"line {line}: {row['model']} @{row['gpus']}: {run}")
+            skipped.append(f"{where}: {row['model']} @{row['gpus']}: {run}")
             continue
         pred = estimate(run.graph, run.cluster, run.plan, software=software_of_run(run))
         results.append(Result(run=run, prediction=pred, predicted=predicted_value(run, pred.step_time_s)))

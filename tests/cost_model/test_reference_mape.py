@@ -49,7 +49,9 @@ ORIGINAL = {"Narayanan arXiv:2104.04473", "Korthikanti arXiv:2205.05198", "NVIDI
 # llm-foundry's MPT benchmarks
 ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_sequence.md",
          "NVIDIA-NeMo/Megatron-Bridge performance-summary", "Llama arXiv:2407.21783",
-         "mosaicml/llm-foundry scripts/train/benchmarking/README.md"}
+         "mosaicml/llm-foundry scripts/train/benchmarking/README.md",
+         # torchtitan's FSDP2 runs (bench/data/torchtitan_runs.csv), under the default preset
+         "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"}
 
 
 def _rows(bench) -> list[dict[str, str]]:
@@ -95,12 +97,15 @@ def test_every_row_cites_a_file_and_commit_or_a_paper_table(results) -> None:
 def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     bench, found, skipped = results
     rows = _rows(bench)
-    assert len(found) + len(skipped) == len(rows)
+    with open(bench.TORCHTITAN_CSV, newline="") as f:
+        native = list(csv.DictReader(f))
+    assert len(found) + len(skipped) == len(rows) + len(native)
     known = ("parallel layout (tp, pp, dp) not published", "tp(", "no hardware preset for ",
              "precision not published", "architecture not expressible by zoo",
              "plan not expressible: ep(", "architecture traced from its config, not traced in this run: deepseek-v3",
              "architecture traced from its config, not traced in this run: kimi-k2",
-             "not scored: its publisher flags the number as a known regression")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16)
+             "not scored: its publisher flags the number as a known regression",
+             "ran compile")  # torchtitan's runs with torch.compile (and Float8): not priced  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16)
     for line in skipped:
         reason = line.split(": ", 2)[2]
         assert reason.startswith(known), line
@@ -159,13 +164,28 @@ def test_kimi_k2_rows_are_traced_from_its_config_and_laid_out_as_its_recipe_does
     assert "not traced in this run: kimi-k2" in bench.build_run(rows[0], traced={"gpt-oss"})
 
 
+def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_default_preset(results) -> None:
+    # torchtitan's FSDP2 runs join the in-sample and leave-one-source-out tables: FSDP over every GPU (ZeRO-3),
+    # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "meshplan"
+    bench, found, skipped = results
+    runs = [r.run for r in found if r.run.source == "torchtitan"]
+    assert len(runs) == 10 and {r.software for r in runs} == {"meshplan"} and {r.unit for r in runs} == {"tok"}
+    assert all(r.plan.zero_stage == 3 and r.plan.num_microbatches == 1 for r in runs)
+    layer = next(r for r in runs if r.label.startswith("Llama 3 8B") and "full" in r.plan.recompute)
+    assert layer.plan.recompute[:4] == ("none", "full", "none", "full")
+    assert sum("torchtitan_runs.csv" in line and "ran compile" in line for line in skipped) == 2
+    table = bench.loso_table(found)
+    assert "publication: pytorch/torchtitan docs/performance.md" in table
+
+
 def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
     bench, found, _ = results
     r = next(r for r in found if r.run.unit == "tok")
     plan = r.run.plan
     assert r.predicted == pytest.approx(plan.global_batch * plan.seq_len / plan.world_size / r.prediction.step_time_s)
     llama = [r for r in found if r.run.cfg is not None and r.run.cfg.family == "llama"]
-    assert llama and all(r.run.cfg.kv_heads < r.run.cfg.heads for r in llama if "LLAMA2" not in r.run.label[:9])
+    assert llama and all(r.run.cfg.kv_heads < r.run.cfg.heads for r in llama
+                     if "LLAMA2" not in r.run.label[:9] and not r.run.label.startswith("Llama 2"))  # (13B: MHA)
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:
