@@ -1,13 +1,13 @@
-"""The default software preset (meshplan's runtime: FSDP2, DTensor TP) against published runs of the
-PyTorch-native stack it is built on: torchtitan's FSDP2 and FSDP2 + TP measurements on A100 and H100.
+"""The torchtitan software preset (meshplan's runtime's stack: FSDP2, DTensor TP, with torchtitan's op-level
+selective recompute) against torchtitan's published FSDP2 and FSDP2 + TP measurements on A100 and H100.
 
     python bench/pytorch_native_runs.py
 
 Each row of ``bench/data/torchtitan_runs.csv`` (with its source file and commit) becomes a Llama graph
 (the cost model reads its dimensions and parameter total), the plan torchtitan ran (FSDP over dp =
 ZeRO-3, TP, the local batch as one micro-batch, its activation checkpointing: "full", "selective op" as
-meshplan's selective, "selective layer" as every second block full), and is estimated with
-``software="meshplan"`` in bf16. Printed per row: tokens/s per GPU measured and predicted, the error
+selective (which the preset prices as torchtitan's policy: ``Software.selective_alternate_matmuls``),
+"selective layer" as every second block full), and is estimated with ``software="torchtitan"`` in bf16. Printed per row: tokens/s per GPU measured and predicted, the error
 (predicted / measured - 1: positive is optimistic), and where the source gives it, the memory per GPU
 (torchtitan's max reserved) beside the predicted peak. Rows that ran torch.compile or Float8 are
 listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.csv, newline="") as f:
         rows = list(csv.DictReader(f))
-    software = software_named("meshplan")
+    software = software_named("torchtitan")
     print(f"{'run':44s} {'GPUs':>5s} {'AC':>15s} {'tok/s/GPU':>10s} {'predicted':>10s} {'error':>7s}"
           f" {'mem GiB':>8s} {'predicted':>9s}")
     errors, skipped = [], []

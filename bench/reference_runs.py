@@ -35,8 +35,9 @@ counts it (REFERENCE.md sec. 0):
   compared as tokens/s per GPU;
 * torchtitan's FSDP2 runs (``docs/performance.md`` and ``benchmarks/llama3_h100_202412_torchtitan.md``, each
   its own source; ``torchtitan_run``, in torchtitan_runs.csv's columns, which ``pytorch_native_runs.py`` also
-  prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the default preset
-  (meshplan's runtime: the same PyTorch stack). Rows that ran torch.compile or Float8 are skipped.
+  prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the torchtitan preset
+  (meshplan's runtime's PyTorch stack with torchtitan's selective recompute). Rows that ran torch.compile or
+  Float8 are skipped.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -169,11 +170,12 @@ SOFTWARE = {
     # PURE bf16 parameters.
     "foundry": "llm-foundry-2023",
     # torchtitan's published FSDP2 runs (bench/data/torchtitan_runs.csv, ``torchtitan_run``): PyTorch's own FSDP2 and
-    # DTensor TP in eager mode, the stack meshplan's runtime emits, so the default preset, meshplan's runtime's
-    # program. Not carried: torchtitan's fused Triton RMSNorm of @0413364 (llama3_8b.toml norm_type fused_rmsnorm;
-    # the preset prices eager norms, rounding up) and the H100 rows' 96 GB HBM2e parts at a 500 W cap (costed on the
-    # 700 W HBM3 h100-sxm preset, the nearest: optimistic by construction).
-    "torchtitan": "meshplan",
+    # DTensor TP in eager mode, the stack meshplan's runtime emits, with torchtitan's op-level selective
+    # recompute (every second matmul recomputed, the attention output kept): the torchtitan preset. Not carried:
+    # torchtitan's fused Triton RMSNorm of @0413364 (llama3_8b.toml norm_type fused_rmsnorm; the preset prices
+    # eager norms, rounding up) and the H100 rows' 96 GB HBM2e parts at a 500 W cap (costed on the 700 W HBM3
+    # h100-sxm preset, the nearest: optimistic by construction).
+    "torchtitan": "torchtitan",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.

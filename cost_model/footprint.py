@@ -67,13 +67,15 @@ def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[st
     common = dict(seq_len=plan.seq_len, micro_batch=plan.micro_batch_size, tp=split, sp=plan.sequence_parallel,
                   cp=mesh.cp, dtype=plan.dtype)
     if eager:
-        layer_bytes, common = eager_layer_bytes, dict(common, ep=mesh.ep, stream_fp32=stream_fp32)
+        layer_bytes, common = eager_layer_bytes, dict(common, ep=mesh.ep, stream_fp32=stream_fp32,
+                                                      alternate_matmuls=software.selective_alternate_matmuls)
     else:
         layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
                                                            dropout=software.drops_out(d.family),
                                                            selective_saves_matmuls=software.selective_saves_matmuls,
                                                            recompute_modules=software.recompute_modules,
-                                                           fused_mlp=software.fused_grouped_mlp)
+                                                           fused_mlp=software.fused_grouped_mlp,
+                                                           alternate_matmuls=software.selective_alternate_matmuls)
     return {kind: layer_bytes(d, recompute=kind, **common) for kind in ("none", "selective", "full")}
 
 

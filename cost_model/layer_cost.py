@@ -116,7 +116,8 @@ class LayerCost:
     # what selective recompute repeats in the backward: the attention core (Korthikanti et al. 2022's
     # policy), or, where the runtime saves only the matmul and collective outputs
     # (``Software.selective_saves_matmuls``, codegen.program.SELECTIVE_SAVE_OPS), every other op of the
-    # forward: the attention core, the memory-bound ops and their dispatch
+    # forward: the attention core, the memory-bound ops and their dispatch; torchtitan's policy
+    # (``Software.selective_alternate_matmuls``): the memory-bound ops and every second matmul
     selective_fwd_s: float
     fwd_comm_s: float  # exposed TP + EP + CP communication of one forward
     bwd_comm_s: float
@@ -146,6 +147,15 @@ def layer_matmuls(shape: LayerShape) -> tuple[tuple[float, float, float, int], .
         mm += [(m, d.experts, h, 1),  # router
                (per_expert, fe, h, 2 * local_experts), (per_expert, h, fe, local_experts)]
     return tuple(mm)
+
+
+def recomputed_matmuls_fwd_s(shape: LayerShape, cluster: Cluster) -> float:
+    """Forward seconds of the matmuls torchtitan's op-level selective recompute repeats in the backward
+    (``Software.selective_alternate_matmuls``): every second one of the block in forward order, ``layer_matmuls``'
+    entries taken one by one (wq, wk, wv, wo, then w1, w3, w2 or fc1, fc2): wk, wo and w3 (GPT: wk, wo, fc2)."""
+    accel, ab = cluster.accelerator, ACTIVATION_BYTES[shape.dtype]
+    order = [(m, n, k) for m, n, k, count in layer_matmuls(shape) for _ in range(count)]
+    return sum(matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)[0] for m, n, k in order[1::2]) * shape.dims.matmul_scale
 
 
 def expert_split(shape: LayerShape) -> int:
@@ -348,6 +358,8 @@ def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     fwd_s, bwd_s, core_fwd, mm_f, mm_b = _compute_s(shape, cluster)
     fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b), (fwd_s, bwd_s))
     selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
+    if shape.software.selective_alternate_matmuls and shape.dims.family != "moe":  # torchtitan's policy: the
+        selective += recomputed_matmuls_fwd_s(shape, cluster) - core_fwd  # attention output kept, half the matmuls not
     return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
                      fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 

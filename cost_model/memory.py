@@ -98,7 +98,7 @@ def activation_units(dims: ModelDims, *, seq_len: int, flash: bool = True, dropo
     return whole, sharded, core
 
 
-def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> float:
+def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False, alternate: bool = False) -> float:
     """What selective recompute keeps per layer when it saves the outputs of the matmuls and of the
     tensor-parallel collectives and recomputes everything else (norms, rotary, the attention core,
     activations, residual adds): meshplan's runtime (``codegen.program.SELECTIVE_SAVE_OPS``, PyTorch's
@@ -109,9 +109,20 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> floa
     zoo repeats them), gate and up 2f; MoE: per routed copy gate and up 2f); the row-parallel outputs,
     partial sums of width h on every TP rank (attention and MLP output projections, k of them for
     MoE, with the router's E logits); with TP the collectives' outputs too: under SP the two gathered
-    norm outputs (whole) and the two reduce-scatter outputs (/t), else the two all-reduce outputs."""
+    norm outputs (whole) and the two reduce-scatter outputs (/t), else the two all-reduce outputs.
+
+    ``alternate`` (torchtitan's op-level policy, ``Software.selective_alternate_matmuls``; dense blocks): only
+    every other matmul's output in forward order (GPT: q, v, fc1; Llama: q, v, w1, w2), and the attention kernel's
+    output with its fp32 log-sum-exp per head, sharded by TP."""
     h, f, q = dims.hidden, dims.ffn_hidden, q_width(dims)
-    if dims.family == "gpt":
+    if alternate and dims.family != "moe":
+        kv = kv_width(dims)  # forward order as layer_cost.layer_matmuls lists them: (width, sharded by TP)
+        order = [(q, True), (kv, True), (kv, True), (h, False)] + (
+            [(f, True), (h, False)] if dims.family == "gpt" else [(f, True), (f, True), (h, False)])
+        kept = order[0::2]
+        sharded = sum(w for w, by_tp in kept if by_tp) + q + 2.0 * dims.heads  # + attention output, fp32 lse
+        row = sum(w for w, by_tp in kept if not by_tp)
+    elif dims.family == "gpt":
         sharded, row = q + 2.0 * kv_width(dims) + f, 2.0 * h  # the fused QKV: 3h where heads * head_dim = h
     elif dims.family == "moe":
         sharded, row = q + 2.0 * kv_width(dims) + dims.top_k * 2.0 * f, h + dims.top_k * h + dims.experts
@@ -125,7 +136,7 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False) -> floa
 
 def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                       cp: int = 1, ep: int = 1, recompute: str = "none", dtype: str = "bfloat16",
-                      stream_fp32: bool = False) -> float:
+                      stream_fp32: bool = False, alternate_matmuls: bool = False) -> float:
     """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as autograd saves them for
     the zoo's eager modules under meshplan's runtime (``Software.eager_modules``): in ``dtype``
     (c bytes per element) under ``torch.autocast`` when it is 16-bit. ``stream_fp32``: the layer's
@@ -154,7 +165,7 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
       (the layer's share under TP and EP; autocast casts views such as an expert's slice each call).
 
     Full recompute keeps the layer's input (r bytes); selective recompute (``matmul_save_units``) the
-    matmul outputs and the input at r bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks``
+    matmul outputs (every other one and the attention output with ``alternate_matmuls``) and the input at r bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks``
     on the zoo's blocks (tests/cost_model/test_saved_activations.py)."""
     c, r = stream_bytes(dtype, stream_fp32)
     stream_fp32 = r > c
@@ -182,7 +193,7 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
                    else layer_matmul_params(dims) / tp)
     none = tokens * per_token + c * weights
     if recompute == "selective":  # matmul_save_units: 2-byte units of s*b*h, the layer's input among them
-        units = matmul_save_units(dims, tp=tp, sp=sp)
+        units = matmul_save_units(dims, tp=tp, sp=sp, alternate=alternate_matmuls)
         return min(tokens * h * (units * c / 2.0 + (r - c) / slice_div), none)
     return none
 
@@ -209,11 +220,13 @@ def discarded_units(dims: ModelDims, modules: tuple[str, ...], *, fp8: bool = Fa
 def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                            cp: int = 1, recompute: str = "none", flash: bool = True, dropout: bool = False,
                            dtype: str = "bfloat16", selective_saves_matmuls: bool = False,
-                           recompute_modules: tuple[str, ...] = (), fused_mlp: bool = False) -> float:
+                           recompute_modules: tuple[str, ...] = (), fused_mlp: bool = False,
+                           alternate_matmuls: bool = False) -> float:
     """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as Korthikanti et al. count
     them (Megatron's fused modules; meshplan's own program: ``eager_layer_bytes``).
     ``selective_saves_matmuls``: selective recompute keeps the matmul outputs and recomputes the rest
-    (``matmul_save_units``, never more than no recompute), not Korthikanti's attention core alone.
+    (``matmul_save_units``, never more than no recompute), not Korthikanti's attention core alone;
+    ``alternate_matmuls``: every other one of them (torchtitan's policy, ``matmul_save_units``).
     ``recompute_modules``: what Megatron also discards and recomputes (``discarded_units``)."""
     sbh = seq_len / cp * micro_batch * dims.hidden * ACTIVATION_BYTES[dtype] / 2.0
     whole_div = tp if sp else 1
@@ -225,7 +238,7 @@ def layer_activation_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, t
     whole, sharded = whole - freed_whole, sharded - freed_sharded
     none = whole / whole_div + (sharded + core) / tp
     if recompute == "selective" and selective_saves_matmuls:
-        return sbh * min(matmul_save_units(dims, tp=tp, sp=sp), none)
+        return sbh * min(matmul_save_units(dims, tp=tp, sp=sp, alternate=alternate_matmuls), none)
     if recompute != "selective":
         return sbh * none
     return sbh * (whole / whole_div + sharded / tp)

@@ -78,8 +78,17 @@ Fields:
   ``perform_reduce_grad``); ``data_parallel._pipelined_ops``, ``footprint``.
 * ``selective_saves_matmuls``: selective recompute is PyTorch's selective activation checkpointing
   keeping the outputs of the matmuls and of the TP collectives and recomputing the rest of the block
-  (``codegen.program.SELECTIVE_SAVE_OPS``; torchtitan's op-level policy is of this kind), not
-  Korthikanti's attention core alone (``memory.matmul_save_units``).
+  (``codegen.program.SELECTIVE_SAVE_OPS``), not Korthikanti's attention core alone
+  (``memory.matmul_save_units``).
+* ``selective_alternate_matmuls`` (with ``selective_saves_matmuls``): torchtitan's op-level policy, which keeps
+  the attention kernel's output too and recomputes every second matmul of the block in forward order ("Saves
+  output of all compute ops, except every second mm": ``_custom_policy`` in
+  torchtitan/parallelisms/parallelize_llama.py @0413364 and @ba24697, the commits of its published A100 and H100
+  runs; ``SelectiveAC`` in torchtitan/distributed/activation_checkpoint.py today, the same rule over aten.mm
+  and aten.linear, the MoE router's gate always recomputed). In a Llama block (wq, wk, wv, wo, w1, w3, w2) that
+  is wk, wo and w3: the backward repeats them and the memory-bound ops but not the attention core, and the
+  block keeps wq, wv, w1 and w2's outputs and the attention output (``memory.matmul_save_units``). Dense
+  blocks only: a MoE block keeps ``selective_saves_matmuls``'s rule.
 * ``ddp_accumulation_copy``: with PyTorch DDP and more than one micro-batch, the gradients of the
   micro-batches run under ``no_sync()`` accumulate in ``param.grad`` outside DDP's all-reduce buckets,
   so the buckets are a second copy of them (with one micro-batch, ``gradient_as_bucket_view=True``
@@ -276,6 +285,7 @@ class Software:
     grad_accumulation_add: bool = False
     fsdp_under_pipeline: bool = False
     selective_saves_matmuls: bool = False
+    selective_alternate_matmuls: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
     cross_entropy: str = "upcast"
@@ -317,6 +327,9 @@ class Software:
             raise PlanError(f"software {self.name!r}: search_space must be meshplan or megatron, got {self.search_space!r}")
         if not 0 < self.attention_speed <= 2:
             raise PlanError(f"software {self.name!r}: attention_speed must be in (0, 2], got {self.attention_speed!r}")
+        if self.selective_alternate_matmuls and not self.selective_saves_matmuls:
+            raise PlanError(f"software {self.name!r}: selective_alternate_matmuls refines selective_saves_matmuls, "
+                            "which is off")
         if not 0 <= self.overlap_slowdown < 1:
             raise PlanError(f"software {self.name!r}: overlap_slowdown must be in [0, 1), got {self.overlap_slowdown!r}")
 
@@ -348,6 +361,12 @@ DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
                    eager_modules=True, grad_accumulation_add=True, fp32_params=True,
                    selective_saves_matmuls=True)
+
+# torchtitan (pytorch/torchtitan): the same PyTorch stack as meshplan's runtime (FSDP2, DTensor TP, SDPA, eager
+# modules), with its own op-level selective activation checkpointing (``selective_alternate_matmuls``), which
+# ``meshplan export --to torchtitan`` writes for a selective plan (``selective_ac_option = "op"``). Its published
+# FSDP2 runs (bench/data/torchtitan_runs.csv) are costed as this program.
+TORCHTITAN = dataclasses.replace(DEFAULT, name="torchtitan", selective_alternate_matmuls=True)
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et
 # al. 2022 (arXiv:2205.05198) ran it: CoreAttention with baddbmm + FusedScaleMaskSoftmax + dropout
@@ -439,7 +458,7 @@ LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-
 # does not distinguish: FSDP's gathers are priced as prefetched either way.)
 LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
 
-SOFTWARE = {s.name: s for s in (DEFAULT, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
+SOFTWARE = {s.name: s for s in (DEFAULT, TORCHTITAN, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
                                 MEGATRON_CORE_PERF_RECIPES, MEGATRON_CORE_PERF_RECIPES_HYBRIDEP, NEMO_PERF_RECIPES_2024,
                                 LLM_FOUNDRY_2023,
                                 LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}

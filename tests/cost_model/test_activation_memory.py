@@ -96,6 +96,44 @@ def test_selective_recompute_as_meshplan_runs_it_keeps_the_matmul_outputs() -> N
             assert matmul_save_units(dims, tp=tp, sp=sp) > 0
 
 
+def test_torchtitans_selective_recompute_keeps_every_other_matmul_and_the_attention_output() -> None:
+    """torchtitan's op-level policy (``Software.selective_alternate_matmuls``): of a Llama block's wq, wk, wv, wo,
+    w1, w3, w2 it keeps wq, wv, w1 and w2's outputs (every second one is recomputed), the attention kernel's output
+    with its fp32 log-sum-exp per head, and the block's input; meshplan's keeps every matmul output and no
+    attention output."""
+    import importlib
+
+    from meshplan.cost_model.memory import matmul_save_units
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")  # the module (the package exports the function)
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                         vocab=128256)
+    s, b, h, f, kv, heads = 8192, 2, 4096, 14336, 1024, 32
+    kw = dict(seq_len=s, micro_batch=b, recompute="selective", selective_saves_matmuls=True)
+    titan = layer_activation_bytes(llama, alternate_matmuls=True, **kw)
+    assert titan == pytest.approx(s * b * 2 * (h + h + kv + f + h + h + 2 * heads))
+    assert titan < layer_activation_bytes(llama, **kw)  # wk, wo and w3 (f) dropped, the attention output (h) kept
+    assert matmul_save_units(llama, alternate=True) == pytest.approx(titan / (s * b * h))
+    # a MoE block keeps meshplan's rule (the policy is priced for dense blocks)
+    moe = ir.ModelDims(family="moe", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000,
+                       experts=8, top_k=2)
+    assert matmul_save_units(moe, alternate=True) == matmul_save_units(moe)
+
+    # the backward repeats the memory-bound ops and wk, wo and w3, not the attention core
+    from meshplan.cost_model import Cluster, software_named
+    from meshplan.cost_model.kernels import matmul_fwd_bwd_s
+
+    cluster = Cluster.preset("a100-80gb")
+    shape = lc.LayerShape(dims=llama, micro_batch=1, seq_len=s, software=software_named("meshplan"))
+    ours, theirs = (lc.layer_cost(shape, cluster),
+                    lc.layer_cost(lc.LayerShape(dims=llama, micro_batch=1, seq_len=s,
+                                                software=software_named("torchtitan")), cluster))
+    acc, m = cluster.accelerator, s
+    wk, wo, w3 = (matmul_fwd_bwd_s(acc, "bfloat16", m, n, k, 2)[0] for n, k in ((kv, h), (h, h), (f, h)))
+    assert theirs.fwd_compute_s == ours.fwd_compute_s and theirs.bwd_compute_s == ours.bwd_compute_s
+    assert theirs.selective_fwd_s == pytest.approx(ours.selective_fwd_s - ours.core_fwd_s + wk + wo + w3)
+
+
 def test_megatron_moe_keeps_each_routed_copys_input_but_not_its_output() -> None:
     """Megatron-Core's MoE layer (Korthikanti's count): per routed copy the gathered expert input (2 bytes an
     element, R) and the SwiGLU's and fc2's inputs (6f/h, S); the probabilities are multiplied into the

@@ -164,12 +164,12 @@ def test_kimi_k2_rows_are_traced_from_its_config_and_laid_out_as_its_recipe_does
     assert "not traced in this run: kimi-k2" in bench.build_run(rows[0], traced={"gpt-oss"})
 
 
-def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_default_preset(results) -> None:
+def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_preset(results) -> None:
     # torchtitan's FSDP2 runs join the in-sample and leave-one-source-out tables: FSDP over every GPU (ZeRO-3),
-    # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "meshplan"
+    # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "torchtitan"
     bench, found, skipped = results
     runs = [r.run for r in found if r.run.source == "torchtitan"]
-    assert len(runs) == 10 and {r.software for r in runs} == {"meshplan"} and {r.unit for r in runs} == {"tok"}
+    assert len(runs) == 10 and {r.software for r in runs} == {"torchtitan"} and {r.unit for r in runs} == {"tok"}
     assert all(r.plan.zero_stage == 3 and r.plan.num_microbatches == 1 for r in runs)
     layer = next(r for r in runs if r.label.startswith("Llama 3 8B") and "full" in r.plan.recompute)
     assert layer.plan.recompute[:4] == ("none", "full", "none", "full")

@@ -118,7 +118,7 @@ def test_tp_comm_overlap_hides_sequence_parallel_traffic(make_graph, make_plan, 
 def test_bad_software_says_what_is_known() -> None:
     with pytest.raises(ir.PlanError, match="attention must be one of"):
         Software(name="x", attention="paged")
-    with pytest.raises(ir.PlanError, match="known: meshplan, megatron-lm-2021"):
+    with pytest.raises(ir.PlanError, match="known: meshplan, torchtitan, megatron-lm-2021"):
         software_named("jax")
 
 
