@@ -125,13 +125,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan import ir, zoo
-from meshplan.cost_model import Cluster, Software, estimate, software_named
+from meshplan.cost_model import Cluster, Software, cluster_from_dict, estimate, software_named
 from meshplan.solver.stages import bounds, megatron_counts
 
 # the published runs and the accelerators, each row with its source (copied from the project's
 # shared notes so that a clone of the repository has them)
 DATA = Path(__file__).resolve().parent / "data"
 TORCHTITAN_CSV = DATA / "torchtitan_runs.csv"  # torchtitan's FSDP2 runs, in their own columns (``torchtitan_run``)
+# the Grand Teton H100 96GB HBM2e hosts of torchtitan's H100 runs, as a cluster file (what its source states; the
+# rest, the matmul rate at 500 W among it, the h100-sxm preset's)
+GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).
 SOFTWARE = {
@@ -173,8 +176,9 @@ SOFTWARE = {
     # DTensor TP in eager mode, the stack meshplan's runtime emits, with torchtitan's op-level selective
     # recompute (every second matmul recomputed, the attention output kept): the torchtitan preset. Not carried:
     # torchtitan's fused Triton RMSNorm of @0413364 (llama3_8b.toml norm_type fused_rmsnorm; the preset prices
-    # eager norms, rounding up) and the H100 rows' 96 GB HBM2e parts at a 500 W cap (costed on the 700 W HBM3
-    # h100-sxm preset, the nearest: optimistic by construction).
+    # eager norms, rounding up) and the matmul rate of the H100 rows' parts at their 500 W cap (their cluster
+    # file, ``GRAND_TETON``, has the 96 GB of HBM2e at 2.4 TB/s and the network their source states, and the 700 W
+    # H100's matmul rate: optimistic by construction).
     "torchtitan": "torchtitan",
 }
 
@@ -357,8 +361,12 @@ def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelCon
     cfg = zoo.ModelConfig(family="llama", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
                           kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
                           max_seq_len=s, name=row["model"])
-    preset = "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
-    cluster = Cluster.preset(preset, nodes=max(gpus // 8, 1), gpus_per_node=min(gpus, 8))
+    nodes, per_node = max(gpus // 8, 1), min(gpus, 8)
+    if "96GB" in row["gpu_type"]:  # Grand Teton's H100 96GB HBM2e at 500 W: the numbers its source states
+        cluster = cluster_from_dict(json.loads(GRAND_TETON.read_text()), nodes=nodes, gpus_per_node=per_node,
+                                    spec=f"{GRAND_TETON.relative_to(DATA.parent.parent)}")
+    else:
+        cluster = Cluster.preset("a100-80gb", nodes=nodes, gpus_per_node=per_node)
     plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
                    mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
                    num_microbatches=1, recompute=torchtitan_recompute(row["activation_checkpointing"], layers))
@@ -372,10 +380,11 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
         return built
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
-    assumed = "" if gpu.startswith("A100") else f"{gpu} costed as h100-sxm (700 W, HBM3)"
+    assumed = "" if gpu.startswith("A100") else "the 500 W part's matmul rate unpublished: the 700 W H100's"
     return Run(label=f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38] + f" @{row['gpus']}",
                source="torchtitan", software=SOFTWARE["torchtitan"], publication=publication(row["source"]),
-               hardware=cluster.name, cfg=cfg, plan=plan, cluster=cluster, unit="tok",
+               hardware="a100-80gb" if gpu.startswith("A100") else "h100-sxm",  # (the Grand Teton file's base preset)
+               cfg=cfg, plan=plan, cluster=cluster, unit="tok",
                measured=float(row["measured_tokens_per_s_per_gpu"]), measured_step_s=None, assumed=assumed,
                graph=graph_of(cfg), ep_overlap=False, mxfp8=False, fused_grouped_mlp=False, recompute_modules=(),
                expandable_segments=False)

@@ -174,6 +174,10 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     layer = next(r for r in runs if r.label.startswith("Llama 3 8B") and "full" in r.plan.recompute)
     assert layer.plan.recompute[:4] == ("none", "full", "none", "full")
     assert sum("torchtitan_runs.csv" in line and "ran compile" in line for line in skipped) == 2
+    # the H100 rows on the cluster file of their Grand Teton hosts: 96 GB of HBM2e at 2.4 TB/s, as their source says
+    h100 = [r for r in runs if "H100" in r.label]
+    assert len(h100) == 2 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
+                                  r.cluster.accelerator.memory_bytes == 96 * 2**30 for r in h100)
     table = bench.loso_table(found)
     assert "publication: pytorch/torchtitan docs/performance.md" in table
 
