@@ -1,4 +1,5 @@
-"""meshplan's plan against the expert's, for every run of ``bench/data/reference_runs.csv``.
+"""meshplan's plan against the expert's, for every run of ``bench/data/reference_runs.csv`` (and torchtitan's
+FSDP2 runs of ``bench/data/torchtitan_runs.csv``, costed as the torchtitan preset: ``reference_runs.torchtitan_run``).
 
     python bench/expert_plans.py [--all-parallelisms] [--time-limit S]
 
@@ -26,7 +27,7 @@ import csv
 import time
 from dataclasses import replace
 
-from reference_runs import DATA, build_run, software_of_run
+from reference_runs import DATA, TORCHTITAN_CSV, build_run, software_of_run, torchtitan_run
 
 from meshplan import ir, solver
 from meshplan.cost_model import estimate
@@ -112,16 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':<44} {'expert plan':<26} {'meshplan plan':<34} {'ratio':>6} {'solve s':>8}")
     ratios, skipped = [], []
     with open(args.csv, newline="") as f:
-        for i, row in enumerate(csv.DictReader(f), 2):
-            if args.rows not in row["model"]:
-                continue
-            run = expert_run(row)
-            if isinstance(run, str):
-                skipped.append(f"line {i}: {row['model']}: {run}")
-                continue
-            expert, ours, ratio, wall, note = compare(run, runtime, args.time_limit)
-            ratios.append(ratio)
-            print(f"{run.label:<44} {expert:<26} {ours:<34} {ratio:6.2f} {wall:8.2f}  {note}")
+        rows = [(f"line {i}", row, expert_run) for i, row in enumerate(csv.DictReader(f), 2)]
+    with open(TORCHTITAN_CSV, newline="") as f:
+        rows += [(f"{TORCHTITAN_CSV.name} line {i}", row, torchtitan_run) for i, row in enumerate(csv.DictReader(f), 2)]
+    for where, row, build in rows:
+        if args.rows not in row["model"]:
+            continue
+        run = build(row)
+        if isinstance(run, str):
+            skipped.append(f"{where}: {row['model']}: {run}")
+            continue
+        expert, ours, ratio, wall, note = compare(run, runtime, args.time_limit)
+        ratios.append(ratio)
+        print(f"{run.label:<44} {expert:<26} {ours:<34} {ratio:6.2f} {wall:8.2f}  {note}")
     below = sum(r < 1.0 - 1e-9 for r in ratios)
     if ratios:
         print(f"\n{len(ratios)} rows; ratio min {min(ratios):.2f}, geometric mean "

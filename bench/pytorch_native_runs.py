@@ -7,7 +7,8 @@ Each row of ``bench/data/torchtitan_runs.csv`` (with its source file and commit)
 (the cost model reads its dimensions and parameter total), the plan torchtitan ran (FSDP over dp =
 ZeRO-3, TP, the local batch as one micro-batch, its activation checkpointing: "full", "selective op" as
 selective (which the preset prices as torchtitan's policy: ``Software.selective_alternate_matmuls``),
-"selective layer" as every second block full), and is estimated with ``software="torchtitan"`` in bf16. Printed per row: tokens/s per GPU measured and predicted, the error
+"selective layer" as every second block full), and is estimated with ``software="torchtitan"`` in bf16
+(``+fused-norm`` where its config used torchtitan's fused RMSNorm, the ``norm_type`` column). Printed per row: tokens/s per GPU measured and predicted, the error
 (predicted / measured - 1: positive is optimistic), and where the source gives it, the memory per GPU
 (torchtitan's max reserved) beside the predicted peak. Rows that ran torch.compile or Float8 are
 listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
@@ -31,7 +32,7 @@ from pathlib import Path
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, estimate, software_named
 
-from reference_runs import graph_of, torchtitan_plan  # noqa: E402 - bench/ is the script's directory
+from reference_runs import graph_of, torchtitan_plan, torchtitan_software  # noqa: E402 - bench/ is the script's directory
 
 DATA = Path(__file__).resolve().parent / "data" / "torchtitan_runs.csv"
 
@@ -42,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.csv, newline="") as f:
         rows = list(csv.DictReader(f))
-    software = software_named("torchtitan")
     print(f"{'run':44s} {'GPUs':>5s} {'AC':>15s} {'tok/s/GPU':>10s} {'predicted':>10s} {'error':>7s}"
           f" {'mem GiB':>8s} {'predicted':>9s}")
     errors, skipped = [], []
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append(f"{label}: {built}")
             continue
         plan, cluster, cfg = built
-        pred = estimate(graph_of(cfg), cluster, plan, software=software)
+        pred = estimate(graph_of(cfg), cluster, plan, software=software_named(torchtitan_software(row)))
         tps = plan.global_batch * plan.seq_len / pred.step_time_s / plan.world_size
         measured = float(row["measured_tokens_per_s_per_gpu"])
         err = tps / measured - 1

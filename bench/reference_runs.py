@@ -174,9 +174,9 @@ SOFTWARE = {
     "foundry": "llm-foundry-2023",
     # torchtitan's published FSDP2 runs (bench/data/torchtitan_runs.csv, ``torchtitan_run``): PyTorch's own FSDP2 and
     # DTensor TP in eager mode, the stack meshplan's runtime emits, with torchtitan's op-level selective
-    # recompute (every second matmul recomputed, the attention output kept): the torchtitan preset. Not carried:
-    # torchtitan's fused Triton RMSNorm of @0413364 (llama3_8b.toml norm_type fused_rmsnorm; the preset prices
-    # eager norms, rounding up) and the matmul rate of the H100 rows' parts at their 500 W cap (their cluster
+    # recompute (every second matmul recomputed, the attention output kept): the torchtitan preset, with
+    # +fused-norm where the run's config used torchtitan's fused Triton RMSNorm (``torchtitan_software``). Not carried:
+    # the matmul rate of the H100 rows' parts at their 500 W cap (their cluster
     # file, ``GRAND_TETON``, has the 96 GB of HBM2e at 2.4 TB/s and the network their source states, and the 700 W
     # H100's matmul rate: optimistic by construction).
     "torchtitan": "torchtitan",
@@ -373,6 +373,13 @@ def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelCon
     return plan, cluster, cfg
 
 
+def torchtitan_software(row: dict[str, str]) -> str:
+    """The program of a torchtitan_runs.csv row: the torchtitan preset, with its fused Triton RMSNorm where the
+    row's config set ``norm_type = "fused_rmsnorm"`` (the ``norm_type`` column, from the run's train_configs
+    TOML: Llama 3 8B and Llama 2 13B @0413364; ``Software.fused_norm``)."""
+    return SOFTWARE["torchtitan"] + ("+fused-norm" if _cell(row, "norm_type") == "fused_rmsnorm" else "")
+
+
 def torchtitan_run(row: dict[str, str]) -> Run | str:
     """A torchtitan_runs.csv row as a run of the reference set (source ``torchtitan``), or why it is not modeled."""
     built = torchtitan_plan(row)
@@ -382,7 +389,7 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
     gpu = row["gpu_type"]
     assumed = "" if gpu.startswith("A100") else "the 500 W part's matmul rate unpublished: the 700 W H100's"
     return Run(label=f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38] + f" @{row['gpus']}",
-               source="torchtitan", software=SOFTWARE["torchtitan"], publication=publication(row["source"]),
+               source="torchtitan", software=torchtitan_software(row), publication=publication(row["source"]),
                hardware="a100-80gb" if gpu.startswith("A100") else "h100-sxm",  # (the Grand Teton file's base preset)
                cfg=cfg, plan=plan, cluster=cluster, unit="tok",
                measured=float(row["measured_tokens_per_s_per_gpu"]), measured_step_s=None, assumed=assumed,

@@ -183,10 +183,11 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
         return 4 * whole + 6 * whole + 2 * ffn + 2 * attn + 2 * masks, 6
-    # 2 eager RMSNorms (~4 passes each), 2 residual adds, rotary on q and k (~6 passes),
-    # repeat_interleave of k and v, attention-output copy
-    moved = 8 * whole + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn + 2 * masks
-    kernels = 8 + 2 + 12 + 2 + 1
+    # 2 eager RMSNorms (~4 passes each; a fused one, Software.fused_norm: one read and one write), 2 residual adds,
+    # rotary on q and k (~6 passes), repeat_interleave of k and v, attention-output copy
+    norms, norm_kernels = (2 * 2 * whole, 2) if shape.software.fused_norm else (8 * whole, 8)
+    moved = norms + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn + 2 * masks
+    kernels = norm_kernels + 2 + 12 + 2 + 1
     if d.family == "llama":
         return moved + 5 * ffn, kernels + 2  # silu (r+w), product (2r+w)
     routed = d.top_k * expert_tokens(shape) * d.hidden * ab  # the k copies of each token

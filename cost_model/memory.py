@@ -136,7 +136,7 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False, alterna
 
 def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                       cp: int = 1, ep: int = 1, recompute: str = "none", dtype: str = "bfloat16",
-                      stream_fp32: bool = False, alternate_matmuls: bool = False) -> float:
+                      stream_fp32: bool = False, alternate_matmuls: bool = False, fused_norm: bool = False) -> float:
     """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as autograd saves them for
     the zoo's eager modules under meshplan's runtime (``Software.eager_modules``): in ``dtype``
     (c bytes per element) under ``torch.autocast`` when it is 16-bit. ``stream_fp32``: the layer's
@@ -148,7 +148,7 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
 
     * norms (on the sequence slice under SP): LayerNorm keeps its input, in the stream's dtype (r: 4
       with an fp32 stream, else c); ``nn.RMSNorm`` keeps its input and the normalized tensor, both fp32
-      (it upcasts), 2 x 4 bytes;
+      (it upcasts), 2 x 4 bytes; a fused norm kernel (``fused_norm``, ``Software.fused_norm``) its input (r);
     * the sublayers' inputs (whole on every TP rank: DTensor's SP keeps the gathered tensor): one per
       sublayer, or with an fp32 stream one cast per projection reading it (q, k, v; GPT's fc1; Llama's
       w1 and w3; the MoE router);
@@ -175,7 +175,7 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
     if recompute == "full":
         return tokens * h * r / slice_div
     moe = dims.family == "moe"
-    norms = 2.0 * _norm_saved_bytes(dims, r) * h
+    norms = 2.0 * (r if fused_norm else _norm_saved_bytes(dims, r)) * h  # a fused norm keeps its input only
     attn_in = (3.0 if stream_fp32 else 1.0) * c * h
     if dims.family == "gpt":
         mlp_in, mlp = c * h, 2.0 * f * c

@@ -194,6 +194,12 @@ Fields:
   full recomputation, and under pipelining only with virtual stages (TransformerConfig.__post_init__,
   megatron/core/transformer/transformer_config.py @d98e8a64dd); ``estimate`` applies it where the plan meets
   those rules. The warm-up and cool-down micro-batches, which have no partner, are priced as overlapped too.
+* ``fused_norm``: the program's RMSNorm is one fused kernel that reads its input once, writes its output once and
+  keeps only its input (and a per-row fp32 rstd) for the backward, not an eager chain of upcast, square, mean,
+  rsqrt and products that keeps fp32 tensors (``memory.eager_layer_bytes``, ``layer_cost.elementwise_fwd``):
+  torchtitan's ``norm_type = "fused_rmsnorm"`` (torchtitan/models/norms.py ``FusedRMSNorm``, a Triton kernel after
+  Tri Dao's, ``ctx.save_for_backward(x, weight, rstd)``; its Llama 3 8B and Llama 2 13B configs of @0413364 set it,
+  its 70B configs ``rmsnorm``). Modifier ``+fused-norm``.
 * ``fused_grouped_mlp``: the experts' SwiGLU runs in the epilogue of their first grouped GEMM, forward and
   backward, which also writes the block-scaled (MXFP8) copies the second GEMM reads: no activation kernel and no
   quantization of its input or of the first GEMM's output gradient (``layer_cost.elementwise_fwd``,
@@ -286,6 +292,7 @@ class Software:
     fsdp_under_pipeline: bool = False
     selective_saves_matmuls: bool = False
     selective_alternate_matmuls: bool = False
+    fused_norm: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
     cross_entropy: str = "upcast"
@@ -467,7 +474,8 @@ SOFTWARE = {s.name: s for s in (DEFAULT, TORCHTITAN, MEGATRON_LM_2021, DEEPSPEED
 # What a program sets beyond its preset, as a suffix of its name: ``megatron-core-perf-recipes+mxfp8+expandable``.
 # Each one sets a field (the module docstring); a plan file keeps the name, so the plan is costed again as it was.
 MODIFIERS = {"mxfp8": {"fp8_recipe": "mxfp8"}, "ep-overlap": {"ep_comm_overlap": True},
-             "fused-mlp": {"fused_grouped_mlp": True}, "expandable": {"expandable_segments": True}}
+             "fused-mlp": {"fused_grouped_mlp": True}, "expandable": {"expandable_segments": True},
+             "fused-norm": {"fused_norm": True}}
 RECOMPUTE_PREFIX = "recompute-"  # recompute-layernorm-moe_act: Software.recompute_modules
 
 

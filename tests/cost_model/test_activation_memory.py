@@ -134,6 +134,26 @@ def test_torchtitans_selective_recompute_keeps_every_other_matmul_and_the_attent
     assert theirs.selective_fwd_s == pytest.approx(ours.selective_fwd_s - ours.core_fwd_s + wk + wo + w3)
 
 
+def test_a_fused_norm_keeps_its_input_only_and_moves_a_read_and_a_write() -> None:
+    """``Software.fused_norm`` (torchtitan's fused Triton RMSNorm): each of a Llama block's two norms keeps its
+    bf16 input (and a per-row rstd), not nn.RMSNorm's two fp32 tensors: 2 x (8 - 2) bytes per token and h less;
+    its forward reads and writes the (m, h) tensor once, where the eager chain makes ~4 passes."""
+    import importlib
+
+    from meshplan.cost_model import software_named
+    from meshplan.cost_model.memory import eager_layer_bytes
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                         vocab=128256)
+    s, b, h = 8192, 1, 4096
+    eager, fused = (eager_layer_bytes(llama, seq_len=s, micro_batch=b, fused_norm=f) for f in (False, True))
+    assert eager - fused == pytest.approx(s * b * h * 2 * (8 - 2))
+    plain, titan = (lc.elementwise_fwd(lc.LayerShape(dims=llama, micro_batch=b, seq_len=s, software=software_named(n)))
+                    for n in ("torchtitan", "torchtitan+fused-norm"))
+    assert plain[0] - titan[0] == pytest.approx(4 * s * b * h * 2) and plain[1] - titan[1] == 6
+
+
 def test_megatron_moe_keeps_each_routed_copys_input_but_not_its_output() -> None:
     """Megatron-Core's MoE layer (Korthikanti's count): per routed copy the gathered expert input (2 bytes an
     element, R) and the SwiGLU's and fc2's inputs (6f/h, S); the probabilities are multiplied into the

@@ -169,11 +169,14 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "torchtitan"
     bench, found, skipped = results
     runs = [r.run for r in found if r.run.source == "torchtitan"]
-    assert len(runs) == 10 and {r.software for r in runs} == {"torchtitan"} and {r.unit for r in runs} == {"tok"}
+    assert len(runs) == 10 and {r.software for r in runs} == {"torchtitan", "torchtitan+fused-norm"} and {r.unit for r in runs} == {"tok"}
     assert all(r.plan.zero_stage == 3 and r.plan.num_microbatches == 1 for r in runs)
     layer = next(r for r in runs if r.label.startswith("Llama 3 8B") and "full" in r.plan.recompute)
     assert layer.plan.recompute[:4] == ("none", "full", "none", "full")
     assert sum("torchtitan_runs.csv" in line and "ran compile" in line for line in skipped) == 2
+    # torchtitan's fused Triton RMSNorm where the run's config set it (Llama 3 8B and Llama 2 13B @0413364)
+    assert {r.label.split(" torchtitan")[0] for r in runs if r.software == "torchtitan+fused-norm"} == \
+        {"Llama 3 8B", "Llama 2 13B"}
     # the H100 rows on the cluster file of their Grand Teton hosts: 96 GB of HBM2e at 2.4 TB/s, as their source says
     h100 = [r for r in runs if "H100" in r.label]
     assert len(h100) == 2 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
