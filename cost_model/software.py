@@ -83,7 +83,7 @@ Fields:
 * ``selective_alternate_matmuls`` (with ``selective_saves_matmuls``): torchtitan's op-level policy, which keeps
   the attention kernel's output too and recomputes every second matmul of the block in forward order ("Saves
   output of all compute ops, except every second mm": ``_custom_policy`` in
-  torchtitan/parallelisms/parallelize_llama.py @0413364 and @ba24697, the commits of its published A100 and H100
+  torchtitan/parallelisms/parallelize_llama.py @0413364 and @9dec370, the commits of its published A100 and H100
   runs; ``SelectiveAC`` in torchtitan/distributed/activation_checkpoint.py today, the same rule over aten.mm
   and aten.linear, the MoE router's gate always recomputed). In a Llama block (wq, wk, wv, wo, w1, w3, w2) that
   is wk, wo and w3: the backward repeats them and the memory-bound ops but not the attention core, and the
