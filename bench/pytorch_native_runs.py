@@ -8,10 +8,10 @@ Each row of ``bench/data/torchtitan_runs.csv`` (with its source file and commit)
 ZeRO-3, TP, the local batch as one micro-batch, its activation checkpointing: "full", "selective op" as
 selective (which the preset prices as torchtitan's policy: ``Software.selective_alternate_matmuls``),
 "selective layer" as every second block full), and is estimated with ``software="torchtitan"`` in bf16
-(``+fused-norm`` where its config used torchtitan's fused RMSNorm, the ``norm_type`` column). Printed per row: tokens/s per GPU measured and predicted, the error
-(predicted / measured - 1: positive is optimistic), and where the source gives it, the memory per GPU
-(torchtitan's max reserved) beside the predicted peak. Rows that ran torch.compile or Float8 are
-listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
+(``+fused-norm`` where its config used torchtitan's fused RMSNorm, the ``norm_type`` column). Printed per
+row: tokens/s per GPU measured and predicted, the error (predicted / measured - 1: positive is optimistic),
+and where the source gives it, the memory per GPU (torchtitan's max reserved) beside the predicted peak.
+Rows that ran torch.compile or Float8 are listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
 H100 at a 500 W cap: their cluster file (``bench/data/clusters/grand-teton-h100-96gb.json``) has the memory,
 its 2.4 TB/s and the network their source states, and the 700 W H100's matmul rate (none at 500 W is
 published), so those rows are expected to come out optimistic.
@@ -32,7 +32,7 @@ from pathlib import Path
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, estimate, software_named
 
-from reference_runs import graph_of, torchtitan_plan, torchtitan_software  # noqa: E402 - bench/ is the script's directory
+from reference_runs import graph_of, torchtitan_plan, torchtitan_software  # noqa: E402 - bench/ is the script's dir
 
 DATA = Path(__file__).resolve().parent / "data" / "torchtitan_runs.csv"
 

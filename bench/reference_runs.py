@@ -388,7 +388,8 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
     assumed = "" if gpu.startswith("A100") else "the 500 W part's matmul rate unpublished: the 700 W H100's"
-    return Run(label=f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38] + f" @{row['gpus']}",
+    label = f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38]
+    return Run(label=f"{label} @{row['gpus']}",
                source="torchtitan", software=torchtitan_software(row), publication=publication(row["source"]),
                hardware="a100-80gb" if gpu.startswith("A100") else "h100-sxm",  # (the Grand Teton file's base preset)
                cfg=cfg, plan=plan, cluster=cluster, unit="tok",

@@ -155,7 +155,8 @@ def recomputed_matmuls_fwd_s(shape: LayerShape, cluster: Cluster) -> float:
     entries taken one by one (wq, wk, wv, wo, then w1, w3, w2 or fc1, fc2): wk, wo and w3 (GPT: wk, wo, fc2)."""
     accel, ab = cluster.accelerator, ACTIVATION_BYTES[shape.dtype]
     order = [(m, n, k) for m, n, k, count in layer_matmuls(shape) for _ in range(count)]
-    return sum(matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)[0] for m, n, k in order[1::2]) * shape.dims.matmul_scale
+    recomputed = sum(matmul_fwd_bwd_s(accel, shape.dtype, m, n, k, ab)[0] for m, n, k in order[1::2])
+    return recomputed * shape.dims.matmul_scale
 
 
 def expert_split(shape: LayerShape) -> int:

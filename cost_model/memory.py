@@ -165,8 +165,9 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
       (the layer's share under TP and EP; autocast casts views such as an expert's slice each call).
 
     Full recompute keeps the layer's input (r bytes); selective recompute (``matmul_save_units``) the
-    matmul outputs (every other one and the attention output with ``alternate_matmuls``) and the input at r bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks``
-    on the zoo's blocks (tests/cost_model/test_saved_activations.py)."""
+    matmul outputs (every other one and the attention output with ``alternate_matmuls``) and the input at r
+    bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks`` on the zoo's blocks
+    (tests/cost_model/test_saved_activations.py)."""
     c, r = stream_bytes(dtype, stream_fp32)
     stream_fp32 = r > c
     tokens = seq_len / cp * micro_batch
