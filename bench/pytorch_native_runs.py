@@ -11,10 +11,11 @@ selective (which the preset prices as torchtitan's policy: ``Software.selective_
 (``+fused-norm`` where its config used torchtitan's fused RMSNorm, the ``norm_type`` column). Printed per
 row: tokens/s per GPU measured and predicted, the error (predicted / measured - 1: positive is optimistic),
 and where the source gives it, the memory per GPU (torchtitan's max reserved) beside the predicted peak.
-Rows that ran torch.compile or Float8 are listed as not modeled: the cost model prices neither. The H100 rows ran on Grand Teton's 96 GB HBM2e
-H100 at a 500 W cap: their cluster file (``bench/data/clusters/grand-teton-h100-96gb.json``) has the memory,
-its 2.4 TB/s and the network their source states, and the 700 W H100's matmul rate (none at 500 W is
-published), so those rows are expected to come out optimistic.
+Rows that ran torch.compile or Float8 are listed as not modeled: the cost model prices neither. The H100
+rows ran on Grand Teton's 96 GB HBM2e H100 at a 500 W cap: their cluster file
+(``bench/data/clusters/grand-teton-h100-96gb.json``) has the memory, its 2.4 TB/s and the network their
+source states, and the 700 W H100's matmul rate (none at 500 W is published), so those rows are expected
+to come out optimistic.
 
 The same rows are a source of ``bench/reference_runs.py``'s in-sample and leave-one-source-out tables
 (``reference_runs.torchtitan_plan`` builds each row's plan for both benches).
