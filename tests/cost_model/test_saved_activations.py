@@ -65,3 +65,48 @@ def test_autocast_with_fp32_parameters_keeps_casts_of_inputs_and_weights() -> No
     assert ddp - fsdp == pytest.approx(weights + casts)
     assert eager_layer_bytes(dims, recompute="full", **kw) == pytest.approx(4096 * 4096 * 2)
     assert eager_layer_bytes(dims, recompute="full", stream_fp32=True, **kw) == pytest.approx(4096 * 4096 * 4)
+
+
+def test_torchtitans_selective_policy_keeps_what_eager_layer_bytes_prices() -> None:
+    """torchtitan's op-level policy (``Software.selective_alternate_matmuls``), run by PyTorch's own selective
+    checkpointing on a zoo Llama block (GQA) in bf16: the op outputs it caches for the backward, and the block
+    input the checkpoint keeps, against ``eager_layer_bytes(..., alternate_matmuls=True)``. The policy is
+    torchtitan's (parallelize_llama.py @0413364 ``_custom_policy``: save the outputs of aten.mm and the SDPA
+    kernels, except every second mm), with the CPU's SDPA kernel added to its list."""
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default}
+    count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            count[mode] += 1
+        keep = func in save and not (func == aten.mm.default and count[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    torch.manual_seed(0)
+    model = zoo.build_from_config(dict(family="llama", layers=1, hidden=H, heads=8, kv_heads=2, vocab=1024,
+                                       max_seq_len=SEQ, name="titan"))
+    block, cfg = model.layers[0].to(torch.bfloat16), model.config
+    x = torch.randn(BATCH, SEQ, H, dtype=torch.bfloat16, requires_grad=True)
+    caching, cached = create_selective_checkpoint_contexts(policy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = checkpoint(block, x, use_reentrant=False, context_fn=lambda: (caching, cached))
+    cached_outputs = [getattr(leaf, "val", leaf) for entries in caching.storage.values() for value in entries.values()
+                      for leaf in tree_leaves(value)]  # each output as SAC keeps it (in a version-checking wrapper)
+    kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in cached_outputs if isinstance(t, torch.Tensor)}
+    assert count["forward"] == 7  # wq, wk, wv, wo, w1, w3, w2: wk, wo and w3 are left to recompute
+    saved = sum(kept.values()) + x.untyped_storage().nbytes()
+    dims = ir.ModelDims(family="llama", layers=1, hidden=H, heads=8, kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden,
+                        vocab=1024)
+    predicted = eager_layer_bytes(dims, seq_len=SEQ, micro_batch=BATCH, dtype="bfloat16", recompute="selective",
+                                  alternate_matmuls=True)
+    assert predicted == pytest.approx(saved, rel=0.001), (predicted, saved)
+    out.float().sum().backward()  # the cached outputs and the recomputed ones give the gradient
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
