@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"search space: {sorted(runtime)}" if runtime else
           f"search space: each row's program's (Megatron-Core: {sorted(MEGATRON)}; meshplan: {sorted(RUNTIME)})")
     print(f"{'row':<44} {'expert plan':<26} {'meshplan plan':<34} {'ratio':>6} {'solve s':>8}")
-    ratios, skipped = [], []
+    ratios, skipped, below_rows = [], [], []
     with open(args.csv, newline="") as f:
         rows = [(f"line {i}", row, expert_run) for i, row in enumerate(csv.DictReader(f), 2)]
     with open(TORCHTITAN_CSV, newline="") as f:
@@ -125,11 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         expert, ours, ratio, wall, note = compare(run, runtime, args.time_limit)
         ratios.append(ratio)
+        if ratio < 1.0 - 1e-9:
+            below_rows.append(f"{run.label}: {ratio:.4f}" + (f" ({note})" if note else ""))
         print(f"{run.label:<44} {expert:<26} {ours:<34} {ratio:6.2f} {wall:8.2f}  {note}")
-    below = sum(r < 1.0 - 1e-9 for r in ratios)
     if ratios:
         print(f"\n{len(ratios)} rows; ratio min {min(ratios):.2f}, geometric mean "
-              f"{_geomean(ratios):.2f}; {below} below 1.0")
+              f"{_geomean(ratios):.2f}; {len(below_rows)} below 1.0" + (":" if below_rows else ""))
+    for line in below_rows:
+        print(f"  below 1.0: {line}")
     print(f"{len(skipped)} rows not expressed" + (":" if skipped else ""))
     for line in skipped:
         print(f"skipped {line}")
