@@ -30,12 +30,9 @@ import csv
 import sys
 from pathlib import Path
 
-from meshplan import ir, zoo
-from meshplan.cost_model import Cluster, estimate, software_named
+from meshplan.cost_model import estimate, software_named
 
-from reference_runs import graph_of, torchtitan_plan, torchtitan_software  # noqa: E402 - bench/ is the script's dir
-
-DATA = Path(__file__).resolve().parent / "data" / "torchtitan_runs.csv"
+from reference_runs import TORCHTITAN_CSV as DATA, graph_of, torchtitan_plan, torchtitan_software  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,7 @@ from pathlib import Path
 
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, Software, cluster_from_dict, estimate, software_named
+from meshplan.cost_model.files import read_json
 from meshplan.solver.stages import bounds, megatron_counts
 
 # the published runs and the accelerators, each row with its source (copied from the project's
@@ -351,6 +352,12 @@ def torchtitan_recompute(policy: str, layers: int) -> tuple[str, ...]:
     return (TORCHTITAN_RECOMPUTE[policy],) * layers
 
 
+def torchtitan_preset(row: dict[str, str]) -> str:
+    """The accelerator preset of a torchtitan_runs.csv row: its cluster's, or the one its cluster file
+    (``GRAND_TETON``) derives from; the accelerator the leave-one-source-out factor is fitted for."""
+    return "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
+
+
 def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:
     """The plan of a torchtitan_runs.csv row (FSDP over dp = ZeRO-3, TP with SP, the local batch as one
     micro-batch, its activation checkpointing), or why it is not modeled."""
@@ -363,10 +370,10 @@ def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelCon
                           max_seq_len=s, name=row["model"])
     nodes, per_node = max(gpus // 8, 1), min(gpus, 8)
     if "96GB" in row["gpu_type"]:  # Grand Teton's H100 96GB HBM2e at 500 W: the numbers its source states
-        cluster = cluster_from_dict(json.loads(GRAND_TETON.read_text()), nodes=nodes, gpus_per_node=per_node,
+        cluster = cluster_from_dict(read_json(GRAND_TETON, "cluster file"), nodes=nodes, gpus_per_node=per_node,
                                     spec=f"{GRAND_TETON.relative_to(DATA.parent.parent)}")
     else:
-        cluster = Cluster.preset("a100-80gb", nodes=nodes, gpus_per_node=per_node)
+        cluster = Cluster.preset(torchtitan_preset(row), nodes=nodes, gpus_per_node=per_node)
     plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
                    mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
                    num_microbatches=1, recompute=torchtitan_recompute(row["activation_checkpointing"], layers))
@@ -387,12 +394,11 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
         return built
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
-    assumed = "" if gpu.startswith("A100") else "the 500 W part's matmul rate unpublished: the 700 W H100's"
+    assumed = "the 500 W part's matmul rate unpublished: the 700 W H100's" if "96GB" in gpu else ""
     label = f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38]
     return Run(label=f"{label} @{row['gpus']}",
                source="torchtitan", software=torchtitan_software(row), publication=publication(row["source"]),
-               hardware="a100-80gb" if gpu.startswith("A100") else "h100-sxm",  # (the Grand Teton file's base preset)
-               cfg=cfg, plan=plan, cluster=cluster, unit="tok",
+               hardware=torchtitan_preset(row), cfg=cfg, plan=plan, cluster=cluster, unit="tok",
                measured=float(row["measured_tokens_per_s_per_gpu"]), measured_step_s=None, assumed=assumed,
                graph=graph_of(cfg), ep_overlap=False, mxfp8=False, fused_grouped_mlp=False, recompute_modules=(),
                expandable_segments=False)
