@@ -38,6 +38,14 @@ counts it (REFERENCE.md sec. 0):
   prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the torchtitan preset
   (meshplan's runtime's PyTorch stack with torchtitan's selective recompute). Rows that ran torch.compile or
   Float8 are skipped.
+* MLPerf Training v5.1's Llama 3.1 8B and 405B submissions (mlcommons/training_results_v5.1 @441d65f4: NVIDIA on
+  GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda and the University of
+  Florida on B200 and B300): tokens/s per GPU = the logged global batch x 8192 over the median ``train_step_time``
+  of every result log of the submission, over its GPUs (``bench/data/mlperf_training_v51.py`` prints them from a
+  clone of the results repository), under the plan of the launch config its README names, or the only config of
+  its implementation directory with its node count and global batch (submissions whose config is ambiguous, FP8
+  or FP4, are left out). Added after the model was written; their first prediction, before anything was changed
+  for them: MAPE 15.7%, signed +15.4% over 28 rows.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -181,10 +189,20 @@ SOFTWARE = {
     # file, ``GRAND_TETON``, has the 96 GB of HBM2e at 2.4 TB/s and the network their source states, and the 700 W
     # H100's matmul rate: optimistic by construction).
     "torchtitan": "torchtitan",
+    # MLPerf Training v5.1's Llama 3.1 8B and 405B submissions (mlcommons/training_results_v5.1 @441d65f4; rows added
+    # after the model was written, and predicted before anything was changed for them): every one ran NVIDIA's
+    # NeMo/Megatron-Core reference implementation (conf/custom.yaml of each implementation directory): Transformer
+    # Engine layers, the distributed optimizer with --overlap-grad-reduce/--overlap-param-gather, FP8 by tensorwise
+    # current scaling (FP8_RECIPE's default) or NVFP4, TE's fused cross-entropy (CE_FUSION_IMPL=te), cuDNN fused
+    # attention: the program megatron-core-perf-recipes describes. Not carried: their CUDA graphs, FP8 attention
+    # where a config sets FP8_DPA, and FP8 parameter gathers where it turns FP8_PARAM_GATHER off; and whether they
+    # reduce gradients in fp32 (the preset's bf16 assumed).
+    "mlperf": "megatron-core-perf-recipes",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
-HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "B200": "b200", "GB200": "gb200-nvl72",
+HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "H200": "h200", "B200": "b200",
+            "GB200": "gb200-nvl72",
             "GB300": "gb300-nvl72", "B300": "b300"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
@@ -316,6 +334,8 @@ def _source(row: dict[str, str]) -> str:
         return "llama3"
     if src.startswith("mosaicml/llm-foundry"):
         return "foundry"
+    if src.startswith("mlcommons/training_results"):
+        return "mlperf"
     return "mcore"
 
 
@@ -339,7 +359,7 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
     return "none", tp > 1
 
 
-MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3")  # sources whose rows default to sequence parallelism and ZeRO-1
+MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf")  # sources whose rows default to sequence parallelism and ZeRO-1
 
 
 # torchtitan_runs.csv: activation checkpointing as torchtitan names it, in the cost model's per-layer terms

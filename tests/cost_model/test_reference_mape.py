@@ -51,7 +51,9 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "NVIDIA-NeMo/Megatron-Bridge performance-summary", "Llama arXiv:2407.21783",
          "mosaicml/llm-foundry scripts/train/benchmarking/README.md",
          # torchtitan's FSDP2 runs (bench/data/torchtitan_runs.csv), under the default preset
-         "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"}
+         "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
+         # MLPerf Training v5.1's Llama 3.1 8B and 405B submissions, added after the model was written
+         "mlcommons/training_results_v5.1 MLPerf"}
 
 
 def _rows(bench) -> list[dict[str, str]]:
@@ -78,7 +80,7 @@ def test_rows_group_by_publication_not_by_table(results) -> None:
     assert pubs == ORIGINAL | ADDED, pubs  # Narayanan's tables 1 and 2 are one paper, Korthikanti's table and abstract one
     assert bench.publication("Narayanan et al. SC'21 (arXiv:2104.04473) Table 1; x") == \
         bench.publication('"Narayanan et al. SC\'21 (arXiv:2104.04473) Table 2 (PTD-P)"')
-    assert {r.run.hardware for r in found} == {"a100-80gb", "a100-40gb", "h100-sxm", "b200", "gb200-nvl72",
+    assert {r.run.hardware for r in found} == {"a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200-nvl72",
                                                    "gb300-nvl72", "b300"}
     # Megatron-Bridge's current page and its archive, every container's table, are one source
     assert len({bench.publication(row["source"]) for row in _rows(bench) if "Megatron-Bridge" in row["source"]}) == 1
@@ -113,9 +115,9 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     # every new row reaches the cost model or names why not; the predicted new rows span the added sources
     assert {r.run.publication for r in found if r.run.publication not in ORIGINAL} == ADDED
     assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
-    # NVFP4 rows (Megatron-Bridge's GB200/GB300 Llama tables) are priced in float4
+    # NVFP4 rows (Megatron-Bridge's GB200/GB300 Llama tables, MLPerf's FP4 submissions) are priced in float4
     nvfp4 = [r for r in found if "NVFP4" in r.run.label]
-    assert len(nvfp4) == 18 and {r.run.plan.dtype for r in nvfp4} == {"float4"}
+    assert len(nvfp4) == 18 + 7 and {r.run.plan.dtype for r in nvfp4} == {"float4"}
 
 
 def test_a_moe_row_with_its_own_head_width_is_costed_as_published(results) -> None:
@@ -195,6 +197,24 @@ def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
     llama = [r for r in found if r.run.cfg is not None and r.run.cfg.family == "llama"]
     assert llama and all(r.run.cfg.kv_heads < r.run.cfg.heads for r in llama
                      if "LLAMA2" not in r.run.label[:9] and not r.run.label.startswith("Llama 2"))  # (13B: MHA)
+
+
+def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_the_plan_of_their_config(results) -> None:
+    """Each MLPerf Training v5.1 row's tokens/s per GPU is its global batch x 8192 over the median step time its notes
+    record (bench/data/mlperf_training_v51.py) and its GPUs; its plan's axes multiply to the GPUs, and its global
+    batch splits over dp as the launch config's MINIBS does."""
+    bench, found, _ = results
+    rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_v5.1")]
+    assert len(rows) == 28
+    for row in rows:
+        step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
+        gpus, batch = int(row["gpus"]), int(row["global_batch"])
+        assert float(row["measured_tokens_per_s_per_gpu"]) == pytest.approx(batch * 8192 / step / gpus, rel=2e-4)
+        minibs = int(re.search(r"MINIBS (\d+)", row["notes"]).group(1))
+        assert batch == minibs * int(row["dp"]), row["model"]
+    scored = [r for r in found if r.run.publication == "mlcommons/training_results_v5.1 MLPerf"]
+    assert len(scored) == 28 and {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm",
+                                                                      "h200", "b200", "b300"}
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:
