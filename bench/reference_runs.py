@@ -38,14 +38,17 @@ counts it (REFERENCE.md sec. 0):
   prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the torchtitan preset
   (meshplan's runtime's PyTorch stack with torchtitan's selective recompute). Rows that ran torch.compile or
   Float8 are skipped.
-* MLPerf Training v5.1's Llama 3.1 8B and 405B submissions (mlcommons/training_results_v5.1 @441d65f4: NVIDIA on
-  GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda and the University of
-  Florida on B200 and B300): tokens/s per GPU = the logged global batch x 8192 over the median ``train_step_time``
-  of every result log of the submission, over its GPUs (``bench/data/mlperf_training_v51.py`` prints them from a
-  clone of the results repository), under the plan of the launch config its README names, or the only config of
-  its implementation directory with its node count and global batch (submissions whose config is ambiguous, FP8
-  or FP4, are left out). Added after the model was written; their first prediction, before anything was changed
-  for them: MAPE 15.7%, signed +15.4% over 28 rows.
+* MLPerf Training's LLM submissions, each round a publication: GPT-3 175B in v4.1 (training_results_v4.1 @b87b9e3:
+  NVIDIA on H100 and a B200 preview), Llama 3.1 405B in v5.0 (@0fdc28f: NVIDIA on H100 up to 8,192 GPUs and GB200,
+  CoreWeave on GB200 up to 2,496) and Llama 3.1 8B and 405B in v5.1 (@441d65f4: NVIDIA on GB200 and GB300 up to 5,120
+  GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda and the University of Florida on B200 and B300):
+  tokens/s per GPU = the logged global batch x sequence over the median train step time of every result log of the
+  submission, over its GPUs (``bench/data/mlperf_training.py`` prints them from a clone of each round's results
+  repository), under the plan of the launch config its README names, or the only config of its implementation
+  directory with its node count and global batch (submissions whose config is ambiguous, FP8 or FP4, and one that
+  logs no step time, are left out), and its round's program (``MLPERF_SOFTWARE``). Added after the model was
+  written; their first prediction, before anything was changed for them: v5.1 MAPE 15.7% (+15.4%) over 28 rows,
+  v5.0 16.0% (+16.0%) over 12, v4.1 5.5% (+5.5%) over 3.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -196,9 +199,22 @@ SOFTWARE = {
     # current scaling (FP8_RECIPE's default) or NVFP4, TE's fused cross-entropy (CE_FUSION_IMPL=te), cuDNN fused
     # attention: the program megatron-core-perf-recipes describes. Not carried: their CUDA graphs, FP8 attention
     # where a config sets FP8_DPA, and FP8 parameter gathers where it turns FP8_PARAM_GATHER off; and whether they
-    # reduce gradients in fp32 (the preset's bf16 assumed).
+    # reduce gradients in fp32 (the preset's bf16 assumed). Each round is its own publication and program
+    # (``MLPERF_SOFTWARE``); this entry is v5.1's.
     "mlperf": "megatron-core-perf-recipes",
 }
+
+# The program of each MLPerf Training round's NVIDIA NeMo implementation (``software_of``), from the
+# conf/custom.yaml and config_common.sh of its submissions' implementation directories:
+# * v4.1 (training_results_v4.1 @b87b9e3, NeMo 24.04/24.09 containers): GPT-3 175B in FP8 by delayed scaling
+#   (config_fp8.sh: FP8_HYBRID, FP8_AMAX_HISTORY 1024), hidden_dropout and attention_dropout 0.0: the 2024 NeMo program
+#   (nemo-perf-recipes-2024: its cuDNN attention at FlashAttention-2's rate, as for NeMo's own 2024 tables), without
+#   dropout;
+# * v5.0 (training_results_v5.0 @0fdc28f, NeMo 25.01/25.04): Llama 3.1 405B in FP8 by delayed scaling (custom.yaml:
+#   fp8_recipe defaults to delayed, which no config overrides): megatron-core-perf-recipes with that recipe;
+# * v5.1 (training_results_v5.1 @441d65f4, NeMo 25.09): FP8_RECIPE defaults to tensorwise: megatron-core-perf-recipes.
+MLPERF_SOFTWARE = {"v4.1": "nemo-perf-recipes-2024+no-dropout", "v5.0": "megatron-core-perf-recipes+fp8-delayed",
+                   "v5.1": "megatron-core-perf-recipes"}
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
 HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "H200": "h200", "B200": "b200",
@@ -428,11 +444,14 @@ def software_of(source: str, row: dict[str, str]) -> str:
     """The software preset of a row: its source's, except llm-foundry's large-scale rows whose sweep ran
     FlashAttention-2 (``attn_impl flash`` in the row's notes, from sweep.py @5e85bd62d): llm-foundry-2024, and
     its rows whose MP Mode is PURE: llm-foundry-2023-pure; and Megatron-Bridge's rows whose workload config uses
-    the flex dispatcher (``ep_dispatcher``): megatron-core-perf-recipes-hybridep."""
+    the flex dispatcher (``ep_dispatcher``): megatron-core-perf-recipes-hybridep; an MLPerf row its round's program
+    (``MLPERF_SOFTWARE``)."""
     if source == "foundry" and "attn_impl flash" in row["notes"]:
         return "llm-foundry-2024"
     if source == "foundry" and "FSDP mixed precision PURE" in row["notes"]:
         return "llm-foundry-2023-pure"  # the MP Mode column: gradients reduced in bf16
+    if source == "mlperf":
+        return MLPERF_SOFTWARE[re.search(r"training_results_(v\d\.\d)", row["source"]).group(1)]
     if SOFTWARE[source] == "megatron-core-perf-recipes" and _cell(row, "ep_dispatcher") in ("hybridep", "deepep"):
         return "megatron-core-perf-recipes-hybridep"  # Megatron's flex dispatcher (Software.ep_dispatch)
     return SOFTWARE[source]

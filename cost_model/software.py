@@ -473,9 +473,13 @@ SOFTWARE = {s.name: s for s in (DEFAULT, TORCHTITAN, MEGATRON_LM_2021, DEEPSPEED
 
 # What a program sets beyond its preset, as a suffix of its name: ``megatron-core-perf-recipes+mxfp8+expandable``.
 # Each one sets a field (the module docstring); a plan file keeps the name, so the plan is costed again as it was.
-MODIFIERS = {"mxfp8": {"fp8_recipe": "mxfp8"}, "ep-overlap": {"ep_comm_overlap": True},
-             "fused-mlp": {"fused_grouped_mlp": True}, "expandable": {"expandable_segments": True},
-             "fused-norm": {"fused_norm": True}}
+# ``fp8-delayed``: FP8 scaled from an amax history (Megatron-Core's ``--fp8-recipe`` default, "delayed"), for a program
+# of a preset whose FP8 is current scaling; ``no-dropout``: a GPT model run with ``hidden_dropout`` and
+# ``attention_dropout`` 0 (e.g. MLPerf's GPT-3 175B: conf/custom.yaml of NVIDIA's training_results_v4.1 submissions).
+MODIFIERS = {"mxfp8": {"fp8_recipe": "mxfp8"}, "fp8-delayed": {"fp8_recipe": "delayed"},
+             "ep-overlap": {"ep_comm_overlap": True}, "fused-mlp": {"fused_grouped_mlp": True},
+             "expandable": {"expandable_segments": True}, "fused-norm": {"fused_norm": True},
+             "no-dropout": {"dropout": False}}
 RECOMPUTE_PREFIX = "recompute-"  # recompute-layernorm-moe_act: Software.recompute_modules
 
 

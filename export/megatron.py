@@ -17,9 +17,10 @@ as TransformerConfig requires). Modules the software name recomputes (``+recompu
 ``--recompute-granularity selective --recompute-modules`` (with ``core_attn`` where the plan recomputes the
 attention core, and ``--moe-grouped-gemm``, which ``moe_act`` needs), refused beside full recomputation or
 offloading, and under FP8 delayed scaling, as TransformerConfig refuses them. The software name's other
-modifiers are flags (``+mxfp8``: ``--fp8-recipe mxfp8``; ``+ep-overlap``: ``--overlap-moe-expert-parallel-comm``
-where Megatron allows it) or environment named in the header (``+expandable``, ``+fused-mlp``).
-"""
+modifiers are flags (``+mxfp8``: ``--fp8-recipe mxfp8``; ``+fp8-delayed``: no ``--fp8-recipe``, Megatron's default
+delayed scaling; ``+ep-overlap``: ``--overlap-moe-expert-parallel-comm`` where Megatron allows it; ``+no-dropout``:
+``--hidden-dropout 0.0 --attention-dropout 0.0``, which every model priced without dropout is given) or environment
+named in the header (``+expandable``, ``+fused-mlp``)."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,12 @@ VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
 HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep"})
 # the presets the cost model prices with FP8 current scaling (Software.fp8_recipe "tensorwise"), by name as above
 TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep"})
+# the presets the cost model prices with dropout in a GPT model (Software.dropout, Megatron's default 0.1), by name as
+# above; every other program, every non-GPT model and a +no-dropout name are priced without it, which Megatron runs
+# only when told (--hidden-dropout and --attention-dropout default to 0.1 in megatron/training/arguments.py)
+DROPOUT_SOFTWARE = frozenset({"megatron-lm-2021", "deepspeed-zero3-2021", "megatron-core-2024",
+                              "megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep",
+                              "nemo-perf-recipes-2024"})
 # what a software name adds after "+" (cost_model.software.MODIFIERS, read by name as above): the settings Megatron
 # takes as flags are written; those NVIDIA's scripts set in the environment are named in the header
 ENVIRONMENT = {"expandable": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -76,6 +83,9 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # megatron/core/enums.py Fp8Recipe) defaults to delayed; the cost model prices delayed, tensorwise (current
     # scaling) and mxfp8 (layer_cost.fp8_cast_bytes)
     "--fp8-format": ("fp8", "str", ("e4m3", "hybrid")),
+    # "Dropout probability for hidden state transformer" / "Post attention dropout probability" (float, default 0.1)
+    "--hidden-dropout": ("hidden_dropout", "float", ()),
+    "--attention-dropout": ("attention_dropout", "float", ()),
     "--fp8-recipe": ("fp8_recipe", "str", ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")),
     # "Keep the compute param in fp8 (do not use any other intermediate dtype) and perform the param all-gather
     # in fp8"; only with the distributed optimizer (ZeRO-1 here), as arguments.py asserts
@@ -121,7 +131,7 @@ def _recompute_modules(plan: Plan) -> list[str]:
 
 def _current_or_block_scaling(plan: Plan) -> bool:
     base, mods = _software(plan)
-    return "mxfp8" in mods or base in TENSORWISE_FP8_SOFTWARE
+    return "mxfp8" in mods or (base in TENSORWISE_FP8_SOFTWARE and "fp8-delayed" not in mods)
 
 
 def unsupported(plan: Plan) -> list[str]:
@@ -215,7 +225,7 @@ def _memory_args(plan: Plan) -> list[str]:
 
 
 def _model_args(plan: Plan) -> list[str]:
-    c = plan.model
+    c, (base, mods) = plan.model, _software(plan)
     args = ["--num-layers", str(c["layers"]), "--hidden-size", str(c["hidden"]),
             "--ffn-hidden-size", str(c["ffn_hidden"]), "--num-attention-heads", str(c["heads"]),
             "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(c.get("max_seq_len", plan.seq_len))]
@@ -225,6 +235,8 @@ def _model_args(plan: Plan) -> list[str]:
         args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
     if c.get("experts"):
         args += ["--num-experts", str(c["experts"]), "--moe-router-topk", str(c.get("top_k") or 1)]
+    if c.get("family", "gpt") != "gpt" or base not in DROPOUT_SOFTWARE or "no-dropout" in mods:
+        args += ["--hidden-dropout", "0.0", "--attention-dropout", "0.0"]  # priced without dropout (DROPOUT_SOFTWARE)
     return args
 
 
@@ -250,8 +262,8 @@ def to_megatron(plan: Plan) -> str:
         plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
     if plan.dtype == "float8" and "mxfp8" in mods:
         args += ["--fp8-recipe", "mxfp8"]  # block scaling, as the plan was priced
-    elif plan.dtype == "float8" and base in TENSORWISE_FP8_SOFTWARE:
-        args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced
+    elif plan.dtype == "float8" and base in TENSORWISE_FP8_SOFTWARE and "fp8-delayed" not in mods:
+        args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced (+fp8-delayed: the default)
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
     if plan.dtype == "float4" and plan.zero_stage == 1:
@@ -282,7 +294,7 @@ def parser() -> argparse.ArgumentParser:
         elif kind == "list":
             p.add_argument(flag, dest=dest, nargs="+", choices=choices or None)
         else:
-            p.add_argument(flag, dest=dest, type=int if kind == "int" else str, choices=choices or None)
+            p.add_argument(flag, dest=dest, type={"int": int, "float": float}.get(kind, str), choices=choices or None)
     return p
 
 

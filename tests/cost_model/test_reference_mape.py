@@ -52,7 +52,9 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "mosaicml/llm-foundry scripts/train/benchmarking/README.md",
          # torchtitan's FSDP2 runs (bench/data/torchtitan_runs.csv), under the default preset
          "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
-         # MLPerf Training v5.1's Llama 3.1 8B and 405B submissions, added after the model was written
+         # MLPerf Training's GPT-3 175B (v4.1), Llama 3.1 405B (v5.0) and Llama 3.1 8B and 405B (v5.1) submissions, each
+         # round a publication, added after the model was written
+         "mlcommons/training_results_v4.1 MLPerf", "mlcommons/training_results_v5.0 MLPerf",
          "mlcommons/training_results_v5.1 MLPerf"}
 
 
@@ -199,22 +201,27 @@ def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
                      if "LLAMA2" not in r.run.label[:9] and not r.run.label.startswith("Llama 2"))  # (13B: MHA)
 
 
-def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_the_plan_of_their_config(results) -> None:
-    """Each MLPerf Training v5.1 row's tokens/s per GPU is its global batch x 8192 over the median step time its notes
-    record (bench/data/mlperf_training_v51.py) and its GPUs; its plan's axes multiply to the GPUs, and its global
-    batch splits over dp as the launch config's MINIBS does."""
+def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_round_s_program(results) -> None:
+    """Each MLPerf Training row's tokens/s per GPU is its global batch x sequence over the median step time its notes
+    record (bench/data/mlperf_training.py) and its GPUs; its global batch splits over dp as the launch config's MINIBS
+    does; and it is priced as its round's NeMo program (FP8 by delayed scaling before v5.1, GPT-3 without dropout)."""
     bench, found, _ = results
-    rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_v5.1")]
-    assert len(rows) == 28
+    rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_")]
+    assert len(rows) == 3 + 12 + 28
     for row in rows:
         step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
-        gpus, batch = int(row["gpus"]), int(row["global_batch"])
-        assert float(row["measured_tokens_per_s_per_gpu"]) == pytest.approx(batch * 8192 / step / gpus, rel=2e-4)
+        gpus, batch, seq = int(row["gpus"]), int(row["global_batch"]), int(row["seq_len"])
+        assert float(row["measured_tokens_per_s_per_gpu"]) == pytest.approx(batch * seq / step / gpus, rel=2e-4)
         minibs = int(re.search(r"MINIBS (\d+)", row["notes"]).group(1))
         assert batch == minibs * int(row["dp"]), row["model"]
-    scored = [r for r in found if r.run.publication == "mlcommons/training_results_v5.1 MLPerf"]
-    assert len(scored) == 28 and {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm",
-                                                                      "h200", "b200", "b300"}
+    scored = [r for r in found if r.run.source == "mlperf"]
+    assert len(scored) == len(rows) and {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm",
+                                                                              "h200", "b200", "b300"}
+    programs = {r.run.publication.split()[0][-4:]: bench.software_of_run(r.run) for r in scored}
+    assert programs["v4.1"].fp8_recipe == programs["v5.0"].fp8_recipe == "delayed"
+    assert programs["v5.1"].fp8_recipe == "tensorwise" and programs["v5.1"].attention_kernel == "cudnn"
+    gpt3 = [r for r in scored if r.run.cfg.family == "gpt"]
+    assert gpt3 and not any(bench.software_of_run(r.run).drops_out("gpt") for r in gpt3)
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:

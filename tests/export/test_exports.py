@@ -188,6 +188,23 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     assert megatron.parse(export(recipes, "megatron")).fp8_recipe == "tensorwise"
     from meshplan.cost_model.software import SOFTWARE  # the export's names are the presets priced that way
     assert megatron.TENSORWISE_FP8_SOFTWARE == {n for n, s in SOFTWARE.items() if s.fp8_recipe == "tensorwise"}
+    # +fp8-delayed: the same program with FP8 from an amax history (MLPerf v5.0's Llama 3.1 405B), Megatron's default
+    delayed = dataclasses.replace(fp8, software="megatron-core-perf-recipes+fp8-delayed")
+    assert megatron.parse(export(delayed, "megatron")).fp8_recipe is None
+
+
+def test_megatron_runs_dropout_only_where_the_plan_was_priced_with_it():
+    """Megatron's --hidden-dropout and --attention-dropout default to 0.1; a plan priced without dropout (a non-GPT
+    model, a program without it, or +no-dropout: Software.drops_out) sets both to 0, one priced with it keeps them."""
+    from meshplan.cost_model.software import SOFTWARE, software_named
+    assert megatron.DROPOUT_SOFTWARE == {n for n, s in SOFTWARE.items() if s.dropout}
+    dense = plan("dense")
+    for name in ("megatron-core-perf-recipes", "megatron-core-perf-recipes+no-dropout", "meshplan"):
+        priced = software_named(name).drops_out(dense.model["family"])
+        args = megatron.parse(export(dataclasses.replace(dense, software=name), "megatron"))
+        assert (args.hidden_dropout, args.attention_dropout) == ((None, None) if priced else (0.0, 0.0)), name
+    llama = dataclasses.replace(_no_recompute(plan("moe")), software="megatron-core-perf-recipes")
+    assert llama.model["family"] != "gpt" and megatron.parse(export(llama, "megatron")).hidden_dropout == 0.0
 
 
 def test_a_software_name_s_modifiers_reach_megatron_as_flags_or_named_environment():

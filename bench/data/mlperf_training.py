@@ -1,12 +1,14 @@
-"""The MLPerf Training v5.1 rows of reference_runs.csv: each one's measured step time, from its result logs.
+"""The MLPerf Training rows of reference_runs.csv: each one's measured step time, from its result logs.
 
-    python bench/data/mlperf_training_v51.py PATH   # PATH: a clone of github.com/mlcommons/training_results_v5.1
-                                                   # (or its bare git directory; read at HEAD)
+    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v4.1, v5.0 or v5.1; PATH: a clone of
+                                                     # github.com/mlcommons/training_results_ROUND (or its bare git
+                                                     # directory; read at HEAD)
 
 Prints, for every submission in ``ROWS`` (the ones whose launch configuration is unambiguous: named by the
 submitter's README, or the only configuration of its implementation directory with that system's node count and
 global batch), the median ``train_step_time`` over every ``tracked_stats`` record of all its ``result_*.txt`` logs,
-the global batch the log states, and tokens/s per GPU = global batch x 8192 / median step / GPUs: the
+the global batch and sequence length the log states, and tokens/s per GPU = global batch x sequence / median step /
+GPUs: the
 ``measured_tokens_per_s_per_gpu`` of its CSV row. The plan columns of each row come from the configuration named
 here (``config_*.sh``: TENSOR/PIPELINE/CONTEXT_PARALLEL, INTERLEAVED_PIPELINE, MICRO_BATCH_SIZE, MINIBS, FP8 or
 FP4). Data tooling, not part of the package.
@@ -19,9 +21,37 @@ import subprocess
 import sys
 from pathlib import Path
 
-SEQ = 8192
-# (org, system dir, benchmark, GPUs, config the row's plan is read from)
-ROWS = [
+# round -> (org, system dir, benchmark, GPUs, config the row's plan is read from)
+ROWS = {
+    # training_results_v4.1 @b87b9e3: GPT-3 175B (NVIDIA's NeMo implementation; configs named by each submission's
+    # README; its 11,616-GPU submission, eos-dfw_n1452, logs no step time and is left out)
+    "v4.1": [
+        ("NVIDIA", "b200_n8_preview_nemo", "gpt3", 64, "config_DGXB200_8x8x1024x4x8_mbs2_cg.sh"),
+        ("NVIDIA", "eos_n32_ngc24.09_nemo", "gpt3", 256, "config_DGXH100_32x8x256x4x8_mbs2.sh"),
+        ("NVIDIA", "eos_n64_ngc24.09_nemo", "gpt3", 512, "config_DGXH100_64x8x128x4x8_mbs2.sh"),
+    ],
+    # training_results_v5.0 @0fdc28f: Llama 3.1 405B (configs named by each submission's README)
+    "v5.0": [
+        ("IBM+CoreWeave+NVIDIA", "carina_ngpu512_ngc25.04_nemo", "llama31_405b", 512,
+         "config_GB200_128x4x112xtp4pp8cp2.sh"),
+        ("IBM+CoreWeave+NVIDIA", "carina_ngpu1024_ngc25.04_nemo", "llama31_405b", 1024,
+         "config_GB200_256x4x48xtp4pp8cp2.sh"),
+        ("IBM+CoreWeave+NVIDIA", "carina_ngpu1536_ngc25.04_nemo", "llama31_405b", 1536,
+         "config_GB200_384x4x48xtp4pp8cp2.sh"),
+        ("IBM+CoreWeave+NVIDIA", "carina_ngpu2048_ngc25.04_nemo", "llama31_405b", 2048,
+         "config_GB200_512x4x40xtp4pp8cp2.sh"),
+        ("IBM+CoreWeave+NVIDIA", "carina_ngpu2496_ngc25.04_nemo", "llama31_405b", 2496,
+         "config_GB200_624x4x32xtp4pp8cp2.sh"),
+        ("NVIDIA", "tyche_ngpu256_ngc25.04_nemo", "llama31_405b", 256, "config_GB200_64x4x112xtp4pp8cp2_cg.sh"),
+        ("NVIDIA", "tyche_ngpu512_ngc25.04_nemo", "llama31_405b", 512, "config_GB200_128x4x112xtp4pp8cp2_cg_dplast.sh"),
+        ("NVIDIA", "eos-dfw_n64_ngc25.01_nemo", "llama31_405b", 512, "config_DGXH100_64x8x288xtp8pp8cp2.sh"),
+        ("NVIDIA", "eos-dfw_n256_ngc25.01_nemo", "llama31_405b", 2048, "config_DGXH100_256x8x72xtp8pp8cp2.sh"),
+        ("NVIDIA", "eos-dfw_n304_ngc25.01_nemo", "llama31_405b", 2432, "config_DGXH100_304x8x64xtp8pp8cp2.sh"),
+        ("NVIDIA", "eos-dfw_n320_ngc25.01_nemo", "llama31_405b", 2560, "config_DGXH100_320x8x56xtp8pp8cp2.sh"),
+        ("NVIDIA", "eos-dfw_n1024_ngc25.01_nemo", "llama31_405b", 8192, "config_DGXH100_1024x8x24xtp8pp8cp2.sh"),
+    ],
+    # training_results_v5.1 @441d65f4: Llama 3.1 8B and 405B
+    "v5.1": [
     ("NVIDIA", "tyche_ngpu8_ngc25.09_nemo", "llama31_8b", 8, "config_GB200_2x4x2xtp1pp1cp1_8b_fp4.sh"),
     ("NVIDIA", "tyche_ngpu72_ngc25.09_nemo", "llama31_8b", 72, "config_GB200_18x4x1xtp1pp1cp2_8b.sh"),
     ("NVIDIA", "tyche_ngpu512_ngc25.09_nemo", "llama31_8b", 512, "config_GB200_128x4x1xtp2pp1cp4_8b.sh"),
@@ -50,7 +80,9 @@ ROWS = [
     ("Dell", "2xXE9680Lx8B200-SXM-180GB", "llama31_8b", 16, "config_2xXE9680Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1_8b.sh"),
     ("Dell", "2xXE9685Lx8B200-SXM-180GB", "llama31_8b", 16, "config_XE9685Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1.sh"),
     ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
-]
+    ],
+}
+STEP_KEYS = ("train_step_time", "train_step_timing in s")  # v5.x, v4.1
 
 
 def reader(root: Path):
@@ -61,9 +93,9 @@ def reader(root: Path):
     return lambda rel: (root / rel).read_text()
 
 
-def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, int]:
-    """(median step s, global batch, step records, logs) of one submission's result logs."""
-    steps, gbs, logs = [], None, 0
+def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, int, int]:
+    """(median step s, global batch, sequence length, step records, logs) of one submission's result logs."""
+    steps, gbs, seq, logs = [], None, None, 0
     for i in range(10):
         try:
             text = read(f"{org}/results/{system}/{bench}/result_{i}.txt")
@@ -75,22 +107,24 @@ def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, i
                 continue
             rec = json.loads(line.split(":::MLLOG", 1)[1])
             value = rec["value"]
-            if rec["key"] == "tracked_stats" and isinstance(value, dict) and "train_step_time" in value:
-                steps.append(value["train_step_time"])
+            if rec["key"] == "tracked_stats" and isinstance(value, dict):
+                steps += [value[k] for k in STEP_KEYS if k in value]
             elif rec["key"] == "global_batch_size":
                 gbs = int(value)
-    return statistics.median(steps), gbs, len(steps), logs
+            elif rec["key"] == "max_sequence_length":
+                seq = int(value)
+    return statistics.median(steps), gbs, seq, len(steps), logs
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in ROWS:
+        print("usage: python bench/data/mlperf_training.py {" + ",".join(ROWS) + "} PATH", file=sys.stderr)
         return 2
-    read = reader(Path(argv[0]))
-    for org, system, bench, gpus, config in ROWS:
-        step, gbs, n, logs = measure(read, org, system, bench)
-        print(f"{org}/{system}/{bench}: {config}; {logs} logs, {n} steps, median {step:.4f} s, global batch {gbs}, "
-              f"{gbs * SEQ / step / gpus:.0f} tokens/s/GPU")
+    read = reader(Path(argv[1]))
+    for org, system, bench, gpus, config in ROWS[argv[0]]:
+        step, gbs, seq, n, logs = measure(read, org, system, bench)
+        print(f"{org}/{system}/{bench}: {config}; {logs} logs, {n} steps, median {step:.6f} s, global batch {gbs}, "
+              f"sequence {seq}, {gbs * seq / step / gpus:.1f} tokens/s/GPU")
     return 0
 
 
