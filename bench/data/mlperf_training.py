@@ -1,6 +1,6 @@
 """The MLPerf Training rows of reference_runs.csv: each one's measured step time, from its result logs.
 
-    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v4.1, v5.0 or v5.1; PATH: a clone of
+    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v3.1, v4.1, v5.0 or v5.1; PATH: a clone of
                                                      # github.com/mlcommons/training_results_ROUND (or its bare git
                                                      # directory; read at HEAD)
 
@@ -23,6 +23,18 @@ from pathlib import Path
 
 # round -> (org, system dir, benchmark, GPUs, config the row's plan is read from)
 ROWS = {
+    # training_results_v3.1 @d06288b: GPT-3 175B on H100, NVIDIA's Eos and Azure's ND H100 v5 (the configuration of
+    # each submission is the only one of its implementation directory with its node count and global batch; Eos's
+    # 64-node submission matches none there and is left out)
+    "v3.1": [
+        ("NVIDIA", "eos_n96_ngc23.09_nemo", "gpt3", 768, "config_DGXH100_96x8x128x4x8_mbs1.sh"),
+        ("NVIDIA", "eos-dfw_n512_ngc23.09_nemo", "gpt3", 4096, "config_DGXH100_512x8x16x4x8_mbs1.sh"),
+        ("NVIDIA", "eos-dfw_n768_ngc23.09_nemo", "gpt3", 6144, "config_DGXH100_768x8x16x4x8_mbs1.sh"),
+        ("NVIDIA", "eos-dfw_n1024_ngc23.09_nemo", "gpt3", 8192, "config_DGXH100_1024x8x16x4x8_mbs1.sh"),
+        ("NVIDIA", "eos-dfw_n1280_ngc23.09_nemo", "gpt3", 10240, "config_DGXH100_1280x8x8x4x8_mbs1.sh"),
+        ("NVIDIA", "eos-dfw_n1344_ngc23.09_nemo", "gpt3", 10752, "config_DGXH100_1344x8x8x4x8_mbs1.sh"),
+        ("Azure+NVIDIA", "ND_H100_v5_n1344_pytorch", "gpt3", 10752, "config_DGXH100_1344x8x8x4x8_mbs1.sh"),
+    ],
     # training_results_v4.1 @b87b9e3: GPT-3 175B (NVIDIA's NeMo implementation; configs named by each submission's
     # README; its 11,616-GPU submission, eos-dfw_n1452, logs no step time and is left out)
     "v4.1": [
@@ -82,7 +94,7 @@ ROWS = {
     ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
     ],
 }
-STEP_KEYS = ("train_step_time", "train_step_timing in s")  # v5.x, v4.1
+STEP_KEYS = ("train_step_time", "train_step_timing in s", "train_step_timing")  # v5.x, v4.1, v3.1
 
 
 def reader(root: Path):
