@@ -1,6 +1,6 @@
 """The MLPerf Training rows of reference_runs.csv: each one's measured step time, from its result logs.
 
-    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v3.1, v4.1, v5.0 or v5.1; PATH: a clone of
+    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v3.0, v3.1, v4.1, v5.0 or v5.1; PATH: a clone of
                                                      # github.com/mlcommons/training_results_ROUND (or its bare git
                                                      # directory; read at HEAD)
 
@@ -23,6 +23,18 @@ from pathlib import Path
 
 # round -> (org, system dir, benchmark, GPUs, config the row's plan is read from)
 ROWS = {
+    # training_results_v3.0 @63e326c: GPT-3 175B on H100, NVIDIA's DGX and CoreWeave's HGX (the configuration of each
+    # submission is the only one of its implementation directory with its node count)
+    "v3.0": [
+        ("NVIDIA", "dgxh100_n64_nemo", "gpt3", 512, "config_DGXH100_64x8x128x4x8_mbs1.sh"),
+        ("NVIDIA", "dgxh100_n96_nemo", "gpt3", 768, "config_DGXH100_96x8x128x4x8_mbs1.sh"),
+        ("NVIDIA_CoreWeave", "coreweave_hgxh100_n96_ngc23.04_pytorch", "gpt3", 768,
+         "config_DGXH100_96x8x128x4x8_mbs1.sh"),
+        ("NVIDIA_CoreWeave", "coreweave_hgxh100_n192_ngc23.04_pytorch", "gpt3", 1536,
+         "config_DGXH100_192x8x64x4x8_mbs1.sh"),
+        ("NVIDIA_CoreWeave", "coreweave_hgxh100_n448_ngc23.04_pytorch", "gpt3", 3584,
+         "config_DGXH100_448x8x24x4x8_mbs1.sh"),
+    ],
     # training_results_v3.1 @d06288b: GPT-3 175B on H100, NVIDIA's Eos and Azure's ND H100 v5 (the configuration of
     # each submission is the only one of its implementation directory with its node count and global batch; Eos's
     # 64-node submission matches none there and is left out)
