@@ -73,7 +73,10 @@ FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_mi
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
 MAX_MICRO_BATCH_TOKENS = 131072
 MIN_CP_TOKENS = 1024
-VIRTUAL_STAGES = (2, 4)
+# virtual stages per pipeline rank the search offers: the interleavings published Megatron runs use (GPT-3 175B: vp 12
+# in MLPerf Training v3.x, 6 in v4.1; Llama 3.1 405B: 8; Llama 3 70B: 5; Qwen3-235B: 3 and 12), kept where pp x vp
+# chunks fit the layers (_schedules)
+VIRTUAL_STAGES = (2, 3, 4, 5, 6, 8, 12)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -62,3 +62,16 @@ def test_micro_batches_are_bounded_in_tokens_not_sequences() -> None:
     assert max(sizes(8192)) == 16
     assert sizes(262144) == {1}
     assert sizes(8192, {"micro_batch": 32}) == {32}
+
+
+def test_the_search_offers_the_interleavings_experts_publish() -> None:
+    """Interleaved virtual stages as Megatron runs publish them (GPT-3 175B: pp 8 x vp 12 in MLPerf v3.x, vp 6 in
+    v4.1; Llama 3 70B: pp 4 x vp 5; Llama 3.1 405B: pp 8 x vp 8; Qwen3-235B: vp 3), each while pp x vp chunks fit
+    the layers (+2: the embedding and loss slots of an uneven split)."""
+    gpt3 = ir.ModelDims(family="gpt", layers=96, hidden=128, heads=4, kv_heads=4, ffn_hidden=512, vocab=512)
+    found = {c.vp for c in candidates(gpt3, world=64, domain=8, global_batch=128, seq_len=16, fixed={"pp": 8})
+             if c.schedule == ir.Schedule.INTERLEAVED_1F1B}
+    assert {3, 5, 6, 8, 12} <= found and all(8 * vp <= 96 + 2 for vp in found)
+    small = {c.vp for c in candidates(DIMS, world=8, domain=8, global_batch=16, seq_len=16, fixed={"pp": 2})
+             if c.schedule == ir.Schedule.INTERLEAVED_1F1B}
+    assert small and max(small) * 2 <= DIMS.layers + 2
