@@ -151,6 +151,24 @@ TORCHTITAN_CSV = DATA / "torchtitan_runs.csv"  # torchtitan's FSDP2 runs, in the
 # rest, the matmul rate at 500 W among it, the h100-sxm preset's)
 GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 
+# The program of each MLPerf Training round's NVIDIA NeMo implementation (``software_of``; each round is its own
+# publication), from the conf/custom.yaml and config_common.sh of its submissions' implementation directories:
+# NeMo/Megatron-Core with Transformer Engine layers, the distributed optimizer with --overlap-grad-reduce and
+# --overlap-param-gather, TE's fused cross-entropy and fused attention. Not carried: their CUDA graphs, FP8 attention
+# where a config sets FP8_DPA, FP8 parameter gathers where it turns FP8_PARAM_GATHER off, and whether they reduce
+# gradients in fp32 (the presets' bf16 assumed).
+# * v3.0 (training_results_v3.0 @63e326c, NeMo 23.04), v3.1 (@d06288b, NeMo 23.09) and
+#   v4.1 (training_results_v4.1 @b87b9e3, NeMo 24.04/24.09 containers): GPT-3 175B in FP8 by delayed scaling
+#   (config_fp8.sh: FP8_HYBRID, FP8_AMAX_HISTORY 1024), hidden_dropout and attention_dropout 0.0: the 2024 NeMo program
+#   (nemo-perf-recipes-2024: its cuDNN attention at FlashAttention-2's rate, as for NeMo's own 2024 tables), without
+#   dropout;
+# * v5.0 (training_results_v5.0 @0fdc28f, NeMo 25.01/25.04): Llama 3.1 405B in FP8 by delayed scaling (custom.yaml:
+#   fp8_recipe defaults to delayed, which no config overrides): megatron-core-perf-recipes with that recipe;
+# * v5.1 (training_results_v5.1 @441d65f4, NeMo 25.09): FP8_RECIPE defaults to tensorwise: megatron-core-perf-recipes.
+MLPERF_SOFTWARE = {"v3.0": "nemo-perf-recipes-2024+no-dropout", "v3.1": "nemo-perf-recipes-2024+no-dropout",
+                   "v4.1": "nemo-perf-recipes-2024+no-dropout",
+                   "v5.0": "megatron-core-perf-recipes+fp8-delayed", "v5.1": "megatron-core-perf-recipes"}
+
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).
 SOFTWARE = {
     "narayanan": "megatron-lm-2021",
@@ -195,36 +213,13 @@ SOFTWARE = {
     # file, ``GRAND_TETON``, has the 96 GB of HBM2e at 2.4 TB/s and the network their source states, and the 700 W
     # H100's matmul rate: optimistic by construction).
     "torchtitan": "torchtitan",
-    # MLPerf Training v5.1's Llama 3.1 8B and 405B submissions (mlcommons/training_results_v5.1 @441d65f4; rows added
-    # after the model was written, and predicted before anything was changed for them): every one ran NVIDIA's
-    # NeMo/Megatron-Core reference implementation (conf/custom.yaml of each implementation directory): Transformer
-    # Engine layers, the distributed optimizer with --overlap-grad-reduce/--overlap-param-gather, FP8 by tensorwise
-    # current scaling (FP8_RECIPE's default) or NVFP4, TE's fused cross-entropy (CE_FUSION_IMPL=te), cuDNN fused
-    # attention: the program megatron-core-perf-recipes describes. Not carried: their CUDA graphs, FP8 attention
-    # where a config sets FP8_DPA, and FP8 parameter gathers where it turns FP8_PARAM_GATHER off; and whether they
-    # reduce gradients in fp32 (the preset's bf16 assumed). Each round is its own publication and program
-    # (``MLPERF_SOFTWARE``); this entry is v5.1's.
-    "mlperf": "megatron-core-perf-recipes",
+    # MLPerf Training's LLM submissions: one source here, whose rows each run their round's program (``software_of``)
+    "mlperf": MLPERF_SOFTWARE["v5.1"],
 }
-
-# The program of each MLPerf Training round's NVIDIA NeMo implementation (``software_of``), from the
-# conf/custom.yaml and config_common.sh of its submissions' implementation directories:
-# * v3.0 (training_results_v3.0 @63e326c, NeMo 23.04), v3.1 (@d06288b, NeMo 23.09) and
-#   v4.1 (training_results_v4.1 @b87b9e3, NeMo 24.04/24.09 containers): GPT-3 175B in FP8 by delayed scaling
-#   (config_fp8.sh: FP8_HYBRID, FP8_AMAX_HISTORY 1024), hidden_dropout and attention_dropout 0.0: the 2024 NeMo program
-#   (nemo-perf-recipes-2024: its cuDNN attention at FlashAttention-2's rate, as for NeMo's own 2024 tables), without
-#   dropout;
-# * v5.0 (training_results_v5.0 @0fdc28f, NeMo 25.01/25.04): Llama 3.1 405B in FP8 by delayed scaling (custom.yaml:
-#   fp8_recipe defaults to delayed, which no config overrides): megatron-core-perf-recipes with that recipe;
-# * v5.1 (training_results_v5.1 @441d65f4, NeMo 25.09): FP8_RECIPE defaults to tensorwise: megatron-core-perf-recipes.
-MLPERF_SOFTWARE = {"v3.0": "nemo-perf-recipes-2024+no-dropout", "v3.1": "nemo-perf-recipes-2024+no-dropout",
-                   "v4.1": "nemo-perf-recipes-2024+no-dropout",
-                   "v5.0": "megatron-core-perf-recipes+fp8-delayed", "v5.1": "megatron-core-perf-recipes"}
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
 HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "H200": "h200", "B200": "b200",
-            "GB200": "gb200-nvl72",
-            "GB300": "gb300-nvl72", "B300": "b300"}
+            "GB200": "gb200-nvl72", "GB300": "gb300-nvl72", "B300": "b300"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
 # Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 (Megatron-Bridge's
@@ -380,7 +375,8 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
     return "none", tp > 1
 
 
-MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf")  # sources whose rows default to sequence parallelism and ZeRO-1
+# sources whose rows default to sequence parallelism and ZeRO-1
+MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf")
 
 
 # torchtitan_runs.csv: activation checkpointing as torchtitan names it, in the cost model's per-layer terms

@@ -129,9 +129,14 @@ def _recompute_modules(plan: Plan) -> list[str]:
     return mods[0][len("recompute-"):].split("-") if mods else []
 
 
-def _current_or_block_scaling(plan: Plan) -> bool:
+def _fp8_recipe(plan: Plan) -> str | None:
+    """The ``--fp8-recipe`` the plan's FP8 was priced with where it is not Megatron's default, delayed scaling:
+    mxfp8 (block scaling) for a ``+mxfp8`` name, tensorwise (current scaling) for the perf recipes' presets unless
+    the name adds ``+fp8-delayed``; None for delayed."""
     base, mods = _software(plan)
-    return "mxfp8" in mods or (base in TENSORWISE_FP8_SOFTWARE and "fp8-delayed" not in mods)
+    if "mxfp8" in mods:
+        return "mxfp8"
+    return "tensorwise" if base in TENSORWISE_FP8_SOFTWARE and "fp8-delayed" not in mods else None
 
 
 def unsupported(plan: Plan) -> list[str]:
@@ -140,7 +145,7 @@ def unsupported(plan: Plan) -> list[str]:
     if modules and Recompute.FULL in recompute_kinds(plan):
         missing.append(f"--recompute-modules {' '.join(modules)} beside full recomputation (Megatron takes them with "
                        "--recompute-granularity selective only)")
-    if modules and plan.dtype == "float8" and not _current_or_block_scaling(plan):
+    if modules and plan.dtype == "float8" and _fp8_recipe(plan) is None:
         missing.append(f"--recompute-modules {' '.join(modules)} under FP8 delayed scaling (\"Delayed scaling does "
                        "not support moe_act and layernorm recompute for fp8\", TransformerConfig)")
     if m.pp > 1 and plan.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
@@ -260,10 +265,8 @@ def to_megatron(plan: Plan) -> str:
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"],
              "float4": ["--bf16", "--fp4-format", "e2m1"]}.get(
         plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
-    if plan.dtype == "float8" and "mxfp8" in mods:
-        args += ["--fp8-recipe", "mxfp8"]  # block scaling, as the plan was priced
-    elif plan.dtype == "float8" and base in TENSORWISE_FP8_SOFTWARE and "fp8-delayed" not in mods:
-        args += ["--fp8-recipe", "tensorwise"]  # current scaling, as the plan was priced (+fp8-delayed: the default)
+    if plan.dtype == "float8" and _fp8_recipe(plan):
+        args += ["--fp8-recipe", _fp8_recipe(plan)]  # block or current scaling, as the plan was priced
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
     if plan.dtype == "float4" and plan.zero_stage == 1:

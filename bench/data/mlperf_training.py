@@ -8,10 +8,9 @@ Prints, for every submission in ``ROWS`` (the ones whose launch configuration is
 submitter's README, or the only configuration of its implementation directory with that system's node count and
 global batch), the median ``train_step_time`` over every ``tracked_stats`` record of all its ``result_*.txt`` logs,
 the global batch and sequence length the log states, and tokens/s per GPU = global batch x sequence / median step /
-GPUs: the
-``measured_tokens_per_s_per_gpu`` of its CSV row. The plan columns of each row come from the configuration named
-here (``config_*.sh``: TENSOR/PIPELINE/CONTEXT_PARALLEL, INTERLEAVED_PIPELINE, MICRO_BATCH_SIZE, MINIBS, FP8 or
-FP4). Data tooling, not part of the package.
+GPUs: the ``measured_tokens_per_s_per_gpu`` of its CSV row. The plan columns of each row come from the configuration
+named here (``config_*.sh``: TENSOR/PIPELINE/CONTEXT_PARALLEL, INTERLEAVED_PIPELINE, MICRO_BATCH_SIZE, MINIBS, FP8
+or FP4). Data tooling, not part of the package.
 """
 from __future__ import annotations
 
@@ -76,34 +75,35 @@ ROWS = {
     ],
     # training_results_v5.1 @441d65f4: Llama 3.1 8B and 405B
     "v5.1": [
-    ("NVIDIA", "tyche_ngpu8_ngc25.09_nemo", "llama31_8b", 8, "config_GB200_2x4x2xtp1pp1cp1_8b_fp4.sh"),
-    ("NVIDIA", "tyche_ngpu72_ngc25.09_nemo", "llama31_8b", 72, "config_GB200_18x4x1xtp1pp1cp2_8b.sh"),
-    ("NVIDIA", "tyche_ngpu512_ngc25.09_nemo", "llama31_8b", 512, "config_GB200_128x4x1xtp2pp1cp4_8b.sh"),
-    ("NVIDIA", "theia_ngpu8_ngc25.09_nemo", "llama31_8b", 8, "config_GB300_2x4x2xtp1pp1cp1_8b_fp4.sh"),
-    ("NVIDIA", "theia_ngpu72_ngc25.09_nemo", "llama31_8b", 72, "config_GB300_18x4x1xtp1pp1cp2_8b.sh"),
-    ("NVIDIA", "theia_ngpu512_ngc25.09_nemo", "llama31_8b", 512, "config_GB300_128x4x1xtp2pp1cp4_8b.sh"),
-    ("NVIDIA", "tyche_ngpu512_ngc25.09_nemo", "llama31_405b", 512, "config_GB200_128x4x144xtp4pp8cp2_cg_fp4.sh"),
-    ("NVIDIA", "theia_ngpu512_ngc25.09_nemo", "llama31_405b", 512, "config_GB300_128x4x72xtp2pp8cp2_cg_fp4.sh"),
-    ("NVIDIA", "hsg_ngpu2560_ngc25.09_nemo", "llama31_405b", 2560, "config_GB200_640x4x24xtp4pp8cp2_cg_fp4.sh"),
-    ("NVIDIA", "hsg_ngpu5120_ngc25.09_nemo", "llama31_405b", 5120, "config_GB200_1280x4x16xtp4pp8cp2_cg_fp4.sh"),
-    ("Nebius", "nebius_h200_n64", "llama31_405b", 512, "config_DGXH200_64x8x144xtp4pp8cp2.sh"),
-    ("Nebius", "nebius_h200_n128", "llama31_405b", 1024, "config_DGXH200_128x8x72xtp4pp8cp2.sh"),
-    ("Cisco", "hpf_n8", "llama31_8b", 64, "config_DGXH100_8x8x1xtp1pp1cp1.sh"),
-    ("Cisco", "hpf_n16", "llama31_8b", 128, "config_DGXH100_16x8x1xtp2pp1cp1.sh"),
-    ("HPE", "HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09", "llama31_8b", 64, "config_XD670_8x8x1xtp1pp1cp2_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n1", "llama31_8b", 8, "config_DGXB200_1x8x2xtp1pp1cp1_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n2", "llama31_8b", 16, "config_DGXB200_2x8x2xtp1pp1cp1_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n4", "llama31_8b", 32, "config_DGXB200_4x8x1xtp1pp1cp2_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n8", "llama31_8b", 64, "config_DGXB200_8x8x1xtp1pp1cp2_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n16", "llama31_8b", 128, "config_DGXB200_16x8x1xtp1pp1cp2_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n32", "llama31_8b", 256, "config_DGXB200_32x8x1xtp1pp1cp2_8b.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n32", "llama31_405b", 256, "config_DGXB200_32x8x144xtp4pp8cp2_cg.sh"),
-    ("University-of-Florida", "hpg.dgxb200x8.n56", "llama31_405b", 448, "config_DGXB200_56x8x144xtp4pp8cp2_cg.sh"),
-    ("Verda", "b200_8x8_ngc25.09", "llama31_8b", 64, "config_DGXB200_8x8x1xtp1pp1cp2_8b.sh"),
-    ("Dell", "1xXE9680Lx8B200-SXM-180GB", "llama31_8b", 8, "config_1xXE9680Lx8B200-SXM-180GB.sh"),
-    ("Dell", "2xXE9680Lx8B200-SXM-180GB", "llama31_8b", 16, "config_2xXE9680Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1_8b.sh"),
-    ("Dell", "2xXE9685Lx8B200-SXM-180GB", "llama31_8b", 16, "config_XE9685Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1.sh"),
-    ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
+        ("NVIDIA", "tyche_ngpu8_ngc25.09_nemo", "llama31_8b", 8, "config_GB200_2x4x2xtp1pp1cp1_8b_fp4.sh"),
+        ("NVIDIA", "tyche_ngpu72_ngc25.09_nemo", "llama31_8b", 72, "config_GB200_18x4x1xtp1pp1cp2_8b.sh"),
+        ("NVIDIA", "tyche_ngpu512_ngc25.09_nemo", "llama31_8b", 512, "config_GB200_128x4x1xtp2pp1cp4_8b.sh"),
+        ("NVIDIA", "theia_ngpu8_ngc25.09_nemo", "llama31_8b", 8, "config_GB300_2x4x2xtp1pp1cp1_8b_fp4.sh"),
+        ("NVIDIA", "theia_ngpu72_ngc25.09_nemo", "llama31_8b", 72, "config_GB300_18x4x1xtp1pp1cp2_8b.sh"),
+        ("NVIDIA", "theia_ngpu512_ngc25.09_nemo", "llama31_8b", 512, "config_GB300_128x4x1xtp2pp1cp4_8b.sh"),
+        ("NVIDIA", "tyche_ngpu512_ngc25.09_nemo", "llama31_405b", 512, "config_GB200_128x4x144xtp4pp8cp2_cg_fp4.sh"),
+        ("NVIDIA", "theia_ngpu512_ngc25.09_nemo", "llama31_405b", 512, "config_GB300_128x4x72xtp2pp8cp2_cg_fp4.sh"),
+        ("NVIDIA", "hsg_ngpu2560_ngc25.09_nemo", "llama31_405b", 2560, "config_GB200_640x4x24xtp4pp8cp2_cg_fp4.sh"),
+        ("NVIDIA", "hsg_ngpu5120_ngc25.09_nemo", "llama31_405b", 5120, "config_GB200_1280x4x16xtp4pp8cp2_cg_fp4.sh"),
+        ("Nebius", "nebius_h200_n64", "llama31_405b", 512, "config_DGXH200_64x8x144xtp4pp8cp2.sh"),
+        ("Nebius", "nebius_h200_n128", "llama31_405b", 1024, "config_DGXH200_128x8x72xtp4pp8cp2.sh"),
+        ("Cisco", "hpf_n8", "llama31_8b", 64, "config_DGXH100_8x8x1xtp1pp1cp1.sh"),
+        ("Cisco", "hpf_n16", "llama31_8b", 128, "config_DGXH100_16x8x1xtp2pp1cp1.sh"),
+        ("HPE", "HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09", "llama31_8b", 64, "config_XD670_8x8x1xtp1pp1cp2_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n1", "llama31_8b", 8, "config_DGXB200_1x8x2xtp1pp1cp1_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n2", "llama31_8b", 16, "config_DGXB200_2x8x2xtp1pp1cp1_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n4", "llama31_8b", 32, "config_DGXB200_4x8x1xtp1pp1cp2_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n8", "llama31_8b", 64, "config_DGXB200_8x8x1xtp1pp1cp2_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n16", "llama31_8b", 128, "config_DGXB200_16x8x1xtp1pp1cp2_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n32", "llama31_8b", 256, "config_DGXB200_32x8x1xtp1pp1cp2_8b.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n32", "llama31_405b", 256, "config_DGXB200_32x8x144xtp4pp8cp2_cg.sh"),
+        ("University-of-Florida", "hpg.dgxb200x8.n56", "llama31_405b", 448, "config_DGXB200_56x8x144xtp4pp8cp2_cg.sh"),
+        ("Verda", "b200_8x8_ngc25.09", "llama31_8b", 64, "config_DGXB200_8x8x1xtp1pp1cp2_8b.sh"),
+        ("Dell", "1xXE9680Lx8B200-SXM-180GB", "llama31_8b", 8, "config_1xXE9680Lx8B200-SXM-180GB.sh"),
+        ("Dell", "2xXE9680Lx8B200-SXM-180GB", "llama31_8b", 16,
+         "config_2xXE9680Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1_8b.sh"),
+        ("Dell", "2xXE9685Lx8B200-SXM-180GB", "llama31_8b", 16, "config_XE9685Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1.sh"),
+        ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
     ],
 }
 STEP_KEYS = ("train_step_time", "train_step_timing in s", "train_step_timing")  # v5.x, v4.1, v3.1
