@@ -72,7 +72,8 @@ def bus_bytes(kind: str, nbytes: float, group_size: int) -> float:
     """Bytes each rank moves on its link: S times the nccl-tests bus-bandwidth factor."""
     if group_size <= 1:
         return 0.0
-    return nbytes * _BUS_FACTOR[Collective(kind)](group_size)
+    factor = _BUS_FACTOR.get(kind)  # a Collective's name looks its member up (StrEnum); anything else is refused
+    return nbytes * (factor or _BUS_FACTOR[Collective(kind)])(group_size)
 
 
 @lru_cache(maxsize=4096)
@@ -119,27 +120,36 @@ def _latency_s(phases: tuple[tuple[Tier, float], ...], steps_factor: float, kind
 def collective_time(kind: str, nbytes: float, group_size: int, stride: int, cluster: Cluster) -> float:
     """Seconds for one collective of ``nbytes`` (nccl-tests' S) over ``group_size`` ranks ``stride``
     apart. A send-recv is between a rank and the one ``stride`` away (pass group_size=2)."""
-    kind = Collective(kind)
     if group_size <= 1 or nbytes <= 0:
         return 0.0
+    per_byte_s, latency_s = _linear(kind, group_size, stride, cluster)
+    return nbytes * per_byte_s + latency_s
+
+
+@lru_cache(maxsize=8192)
+def _linear(kind: str, group_size: int, stride: int, cluster: Cluster) -> tuple[float, float]:
+    """(seconds per byte, seconds) of ``collective_time``, which is linear in the bytes: its bandwidth term is
+    the bytes over the slowest phase's rate, its latency does not depend on them. Cached: a search costs the
+    same few groups of a cluster for tens of thousands of candidates."""
+    kind = Collective(kind)
     if kind == Collective.SEND_RECV:
         tier = group_phases(2, stride, cluster)[-1][0]
-        return nbytes / tier.bus_Bps(kind) + tier.latency_of(kind, 2)
+        return 1.0 / tier.bus_Bps(kind), tier.latency_of(kind, 2)
     phases = group_phases(group_size, stride, cluster)
     if kind == Collective.BROADCAST:
         slowest = min(t.bus_Bps(kind, round(k)) for t, k in phases)
-        return nbytes / slowest + _latency_s(phases, 1.0, kind)
+        return 1.0 / slowest, _latency_s(phases, 1.0, kind)
     slowest, inner = 0.0, 1.0
     for tier, k in phases:
         if kind == Collective.ALL_TO_ALL:
-            phase_s = nbytes * (inner * k - inner) / group_size / tier.bus_Bps(kind, round(k))
+            phase_s = (inner * k - inner) / group_size / tier.bus_Bps(kind, round(k))
         else:
-            phase_s = nbytes / inner * (k - 1) / k / tier.bus_Bps(kind, round(k))
+            phase_s = 1.0 / inner * (k - 1) / k / tier.bus_Bps(kind, round(k))
         slowest = max(slowest, phase_s)
         inner *= k
     if kind == Collective.ALL_REDUCE:
-        return 2.0 * slowest + _latency_s(phases, 2.0, kind)
-    return slowest + _latency_s(phases, 1.0, kind)
+        return 2.0 * slowest, _latency_s(phases, 2.0, kind)
+    return slowest, _latency_s(phases, 1.0, kind)
 
 
 def flat_collective_time(kind: str, nbytes: float, group_size: int, stride: int, cluster: Cluster) -> float:

@@ -239,7 +239,10 @@ def _check(plan: Plan) -> None:
             bad(f"zero_group({zg}) must be > 1, < dp({plan.mesh.dp}) and divide it: "
                 f"dp({plan.mesh.dp}) % zero_group({zg}) = {plan.mesh.dp % zg}")
     object.__setattr__(plan, "schedule", Schedule(plan.schedule))
-    object.__setattr__(plan, "recompute", tuple(Recompute(r) for r in plan.recompute))
+    if not all(type(r) is Recompute for r in plan.recompute):  # names from a plan file, or a list
+        object.__setattr__(plan, "recompute", tuple(Recompute(r) for r in plan.recompute))
+    elif type(plan.recompute) is not tuple:
+        object.__setattr__(plan, "recompute", tuple(plan.recompute))
     m = plan.mesh
     per_step = plan.micro_batch_size * plan.num_microbatches * m.dp
     if per_step != plan.global_batch:

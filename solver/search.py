@@ -86,6 +86,8 @@ def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, se
     keep their activations in host memory (the first layers, as Megatron's --cpu-offloading-num-layers
     offloads), the next ``selective`` recompute selectively (walking the rank's chunks in order), the rest
     not at all."""
+    if not (full or offload or selective):
+        return (Recompute.NONE,) * layers
     out = [Recompute.NONE] * layers
     seen = [0] * pp  # layers of each rank walked so far: one pass over the layers, not one per rank
     for c, (a, b) in enumerate(stages or ((0, layers),)):
