@@ -215,6 +215,10 @@ SOFTWARE = {
     "torchtitan": "torchtitan",
     # MLPerf Training's LLM submissions: one source here, whose rows each run their round's program (``software_of``)
     "mlperf": MLPERF_SOFTWARE["v5.1"],
+    # NeMo Automodel's MoE pre-training table (docs/performance-summary.md @89e3a9fdd): FSDP2 under torch
+    # pipelining with Transformer Engine modules and DeepEP, every block recomputed (``apply_ac`` wraps each
+    # decoder layer in a checkpoint wrapper): the nemo-automodel-2025 preset (its comment says what it leaves out).
+    "automodel": "nemo-automodel-2025",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
@@ -352,6 +356,8 @@ def _source(row: dict[str, str]) -> str:
         return "foundry"
     if src.startswith("mlcommons/training_results"):
         return "mlperf"
+    if src.startswith("NVIDIA-NeMo/Automodel"):
+        return "automodel"
     return "mcore"
 
 
@@ -534,6 +540,14 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
             stages = bounds(megatron_counts(layers, pp, vp, embedding=True, loss=True))
         except ir.PlanError as exc:
             return f"pipeline split not expressible: {exc}"
+    elif split.startswith("chunks ") and pp > 1:
+        # the layers of each pipeline chunk as the row's framework cut them, "chunks 2*29 1*3": 29 of 2, then 3 of 1
+        try:
+            counts = tuple(int(n) for part in split.split()[1:] for n, times in [part.split("*")]
+                           for _ in range(int(times)))
+            stages = bounds(counts)
+        except (ValueError, ir.PlanError) as exc:
+            return f"pipeline split {split!r} not expressible: {exc}"
     elif cfg is None and pp > 1:  # a traced architecture
         layout = LAYOUTS.get((architecture, pp, vp))
         if layout is None:

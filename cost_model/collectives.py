@@ -167,7 +167,7 @@ def flat_collective_time(kind: str, nbytes: float, group_size: int, stride: int,
 
 
 def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, group_size: int, stride: int,
-                                 cluster: Cluster) -> float:
+                                 cluster: Cluster, routing: str = "uniform") -> float:
     """Seconds for one MoE dispatch (or combine) of ``token_bytes`` of tokens per rank, each routed to ``top_k``
     of ``experts`` spread evenly over ``group_size`` ranks ``stride`` apart, by a dispatcher that sends a token
     over the network once per remote domain that hosts one of its experts and forwards it to the experts'
@@ -176,16 +176,44 @@ def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, g
     1 - C(E - E/D, k) / C(E, k), so each rank sends ``token_bytes`` times (D - 1) times that over the
     network, against k (D - 1)/D copies for an all-to-all. Inside a domain the k copies move as an
     all-to-all there; the two phases are pipelined (the slower sets the time, as in ``collective_time``).
-    A group inside one domain is a plain all-to-all."""
+    A group inside one domain is a plain all-to-all.
+
+    ``routing`` "round-robin" (``Software.ep_routing``): token t goes to experts t*k .. t*k+k-1 (mod E), so its
+    experts sit on the few consecutive ranks ``round_robin_spread`` counts; the dispatcher sends it once to each
+    of their domains over the network and once to each of their ranks inside a domain."""
     phases = group_phases(group_size, stride, cluster)
+    inner = round(phases[0][1]) if phases else 1
+    if routing == "round-robin":
+        copies, spanned = round_robin_spread(experts, top_k, group_size, inner)
+    else:
+        copies, spanned = float(top_k), 0.0
     if len(phases) <= 1 or token_bytes <= 0:
-        return collective_time("all-to-all", token_bytes * top_k, group_size, stride, cluster)
-    inner_tier, inner = phases[0]
+        return collective_time("all-to-all", token_bytes * copies, group_size, stride, cluster)
+    inner_tier = phases[0][0]
     domains = group_size / inner
-    per_domain = round(experts / domains)  # whole: ep divides the experts and the domains divide ep
-    k = min(top_k, experts)
-    missed = math.comb(experts - per_domain, k) / math.comb(experts, k)
-    remote = (domains - 1) * (1 - missed)
+    if routing == "round-robin":
+        remote = spanned * (domains - 1) / domains  # the sender's own domain is one of D, whichever the token
+    else:
+        per_domain = round(experts / domains)  # whole: ep divides the experts and the domains divide ep
+        k = min(top_k, experts)
+        missed = math.comb(experts - per_domain, k) / math.comb(experts, k)
+        remote = (domains - 1) * (1 - missed)
     outer_s = max(token_bytes * remote / tier.bus_Bps(Collective.ALL_TO_ALL, round(n)) for tier, n in phases[1:])
-    inner_s = token_bytes * top_k * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, round(inner))
+    inner_s = token_bytes * copies * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, inner)
     return max(inner_s, outer_s) + _latency_s(phases, 1.0, Collective.ALL_TO_ALL)
+
+
+@lru_cache(maxsize=256)
+def round_robin_spread(experts: int, top_k: int, group_size: int, per_domain: int) -> tuple[float, float]:
+    """(ranks, domains) the ``top_k`` experts of a token span on average when token t is routed to experts
+    t*k .. t*k+k-1 (mod E), the experts placed E/ep to a rank in rank order and ``per_domain`` consecutive
+    ranks to a domain: the mean over the start experts t*k mod E that tokens cycle through."""
+    per_rank = max(1, experts // group_size)
+    k = min(top_k, experts)
+    starts = sorted({(t * k) % experts for t in range(experts)})
+    ranks = domains = 0
+    for start in starts:
+        held = {((start + j) % experts) // per_rank for j in range(k)}
+        ranks += len(held)
+        domains += len({r // max(per_domain, 1) for r in held})
+    return ranks / len(starts), domains / len(starts)

@@ -332,7 +332,8 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
         routed = tokens * d.top_k
         stride = 1 if shape.ep_over_tp else tp
         if shape.software.ep_dispatch == "hybridep":  # one copy per remote node, not per expert (Software.ep_dispatch)
-            one = deduplicated_all_to_all_time(tokens, d.top_k, d.experts, ep, stride, cluster)
+            one = deduplicated_all_to_all_time(tokens, d.top_k, d.experts, ep, stride, cluster,
+                                               routing=shape.software.ep_routing)
         else:
             one = collective_time("all-to-all", routed, ep, stride, cluster)
         ep_s, ep_b = 2 * one, 2 * bus_bytes("all-to-all", routed, ep)

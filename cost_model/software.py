@@ -186,6 +186,12 @@ Fields:
   (``collectives.deduplicated_all_to_all_time``). NVIDIA's perf recipes set it per workload
   (``moe_flex_dispatcher_backend="hybridep"`` in Megatron-Bridge scripts/performance/configs/*/
   *_workload_base_configs.py), so it has a preset of its own, ``megatron-core-perf-recipes-hybridep``.
+* ``ep_routing``: which experts the router picks, as far as the dispatch's traffic sees it. ``"uniform"``: a
+  learned router kept balanced by its loss, each token's k experts spread over the experts as if at random (every
+  program but the one below). ``"round-robin"``: NeMo Automodel's benchmark gate (``FakeBalancedGate`` in
+  nemo_automodel/components/moe/layers.py @89e3a9fdd: ``indices = arange(tokens * k).view(-1, k) % n_experts``,
+  weights 1/k), so a token's experts are k consecutive ones, held by one or two ranks of one node; with the
+  deduplicating dispatcher it crosses the network to that node only (``collectives.round_robin_spread``).
 * ``ep_comm_overlap``: Megatron's 1F1B A2A overlap (``--overlap-moe-expert-parallel-comm``; Megatron-Bridge's
   ``moe_a2a_overlap``): the forward of one micro-batch and the backward of another run layer by layer as one
   schedule: "EP A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice
@@ -260,6 +266,7 @@ ATTENTION = ("flash", "plain")
 ATTENTION_KERNELS = ("fa2", "cudnn")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
 EP_DISPATCH = ("alltoall", "hybridep")
+EP_ROUTING = ("uniform", "round-robin")
 CROSS_ENTROPY = ("upcast", "flash", "te")
 RECOMPUTE_MODULES = ("layernorm", "moe_act")
 OPTIMIZERS = ("foreach", "fused", "per_param")
@@ -302,6 +309,7 @@ class Software:
     expert_tp: bool = False
     megatron_buckets: bool = False
     ep_dispatch: str = "alltoall"
+    ep_routing: str = "uniform"
     ep_comm_overlap: bool = False
     fused_grouped_mlp: bool = False
     recompute_modules: tuple[str, ...] = ()
@@ -327,6 +335,8 @@ class Software:
             raise PlanError(f"software {self.name!r}: optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.ep_dispatch not in EP_DISPATCH:
             raise PlanError(f"software {self.name!r}: ep_dispatch must be one of {EP_DISPATCH}, got {self.ep_dispatch!r}")
+        if self.ep_routing not in EP_ROUTING:
+            raise PlanError(f"software {self.name!r}: ep_routing must be one of {EP_ROUTING}, got {self.ep_routing!r}")
         if self.zero3_prefetch_params is not None and not self.zero3_prefetch_params > 0:
             raise PlanError(f"software {self.name!r}: zero3_prefetch_params must be positive or None, "
                             f"got {self.zero3_prefetch_params!r}")
@@ -465,10 +475,30 @@ LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-
 # does not distinguish: FSDP's gathers are priced as prefetched either way.)
 LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
 
+# NVIDIA NeMo Automodel's MoE pre-training benchmarks (docs/performance-summary.md @89e3a9fdd, 2025-10-06; its
+# configs examples/benchmark/configs/*_te_deepep.yaml and nemo_automodel/components there): PyTorch FSDP2 over the
+# data-parallel ranks (moe/parallelizer.py ``apply_fsdp``: ``MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=float32)``, so gradients are reduce-scattered in fp32; ``reshard_after_forward = not pp_enabled``:
+# ZeRO-3 without pipelining, ZeRO-2 under it) inside torch.distributed.pipelining's interleaved 1F1B; Transformer
+# Engine's Linear, RMSNorm and DotProductAttention modules (its cuDNN fused attention on Hopper), not eager
+# PyTorch ones; DeepEP's dispatch, which sends a token once per remote node (the dedup the hybridep dispatcher
+# prices); ``F.cross_entropy`` on the bf16 logits (``MaskedCrossEntropy(fp32_upcast=False)``, loss/masked_ce.py):
+# no fp32 copy, priced as the fused kernel that keeps the logits in their dtype; ``torch.optim.Adam`` with
+# torch's default (foreach) implementation; no CUDA graphs; the benchmark's fake balanced gate, which routes token
+# t to experts t*k .. t*k+k-1 (mod E), so a token's experts sit on one or two ranks of one node
+# (``ep_routing="round-robin"``). Not carried: the parameters and Adam's moments are stored in bf16
+# (``initialize_weights`` ends ``self.to(bf16)``: no fp32 master weights), which the memory model prices as fp32
+# (an over-estimate); the gate has no router GEMM; the host waits on the GPU in every MoE layer
+# (``tokens_per_expert.sum().item()`` in the token dispatcher).
+NEMO_AUTOMODEL_2025 = dataclasses.replace(DEFAULT, name="nemo-automodel-2025", fp32_params=False,
+                                          eager_modules=False, fused_norm=True, attention_kernel="cudnn",
+                                          fp32_grad_reduce=True, cross_entropy="flash", ep_dispatch="hybridep",
+                                          ep_routing="round-robin")
+
 SOFTWARE = {s.name: s for s in (DEFAULT, TORCHTITAN, MEGATRON_LM_2021, DEEPSPEED_ZERO3_2021, MEGATRON_CORE_2024,
                                 MEGATRON_CORE_PERF_RECIPES, MEGATRON_CORE_PERF_RECIPES_HYBRIDEP, NEMO_PERF_RECIPES_2024,
                                 LLM_FOUNDRY_2023,
-                                LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024)}
+                                LLM_FOUNDRY_2023_PURE, LLM_FOUNDRY_2024, NEMO_AUTOMODEL_2025)}
 
 
 # What a program sets beyond its preset, as a suffix of its name: ``megatron-core-perf-recipes+mxfp8+expandable``.

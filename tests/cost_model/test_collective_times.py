@@ -1,6 +1,8 @@
 """Collective times against the nccl-tests bus-bandwidth formulas, and where groups live."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshplan.cost_model import BUS_EFFICIENCY, Cluster, TierKind, bus_bytes, collective_time, group_phases
@@ -102,3 +104,37 @@ def test_a_deduplicating_dispatch_sends_each_token_once_per_remote_node() -> Non
     # with one expert per token a token crosses once or not at all, as in an all-to-all
     assert deduplicated_all_to_all_time(tokens, 1, 256, 32, 1, cluster) == pytest.approx(
         collective_time("all-to-all", tokens, 32, 1, cluster), rel=1e-9)
+
+
+def test_round_robin_routing_sends_a_token_to_the_one_node_its_consecutive_experts_live_on() -> None:
+    """NeMo Automodel's benchmark gate (Software.ep_routing "round-robin") routes token t to experts t*k .. t*k+k-1:
+    DeepSeek-V3's 8 consecutive experts of 256 over ep 64 (4 a rank) are two ranks of one node, so the
+    deduplicating dispatch crosses the network once to that node (7 times in 8 a remote one) and reaches two ranks
+    there, where uniform routing reaches 5 of the 8 nodes; Qwen3-30B's 8 of 128 over ep 8 are one rank's."""
+    from meshplan.cost_model.collectives import deduplicated_all_to_all_time, round_robin_spread
+
+    assert round_robin_spread(256, 8, 64, 8) == (2.0, 1.0)
+    assert round_robin_spread(128, 8, 8, 8) == (1.0, 1.0)
+    ranks, nodes = round_robin_spread(384, 8, 32, 8)  # Kimi K2: 12 experts a rank, 8 consecutive on one or two
+    assert ranks == pytest.approx(4 / 3) and 1.0 <= nodes < ranks
+    cluster = Cluster.preset("h100-sxm", nodes=8)
+    nvlink, ib = cluster.tiers
+    tokens = 4096 * 7168 * 2.0
+    network_s = tokens * 1.0 * 7 / 8 / ib.bus_Bps("all-to-all", 8)
+    nvlink_s = tokens * 2.0 * 7 / 8 / nvlink.bus_Bps("all-to-all", 8)
+    latency = nvlink.latency_of("all-to-all", 8) + ib.latency_of("all-to-all", 8)
+    robin = deduplicated_all_to_all_time(tokens, 8, 256, 64, 1, cluster, routing="round-robin")
+    assert robin == pytest.approx(max(network_s, nvlink_s) + latency, rel=1e-9)
+    assert robin < deduplicated_all_to_all_time(tokens, 8, 256, 64, 1, cluster) / 3
+    # inside one node: an all-to-all of one copy per rank the token's experts span
+    assert deduplicated_all_to_all_time(tokens, 8, 128, 8, 1, cluster, routing="round-robin") == collective_time(
+        "all-to-all", tokens, 8, 1, cluster)
+
+
+def test_software_refuses_an_unknown_expert_routing() -> None:
+    from meshplan.cost_model.software import DEFAULT, software_named
+    from meshplan.ir.errors import PlanError
+
+    with pytest.raises(PlanError, match="ep_routing must be one of"):
+        dataclasses.replace(DEFAULT, ep_routing="random")
+    assert software_named("nemo-automodel-2025").ep_routing == "round-robin" and DEFAULT.ep_routing == "uniform"

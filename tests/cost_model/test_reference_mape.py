@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan import zoo
+from meshplan import ir, zoo
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "reference_runs.py"
 
@@ -57,7 +57,9 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "mlcommons/training_results_v3.0 MLPerf", "mlcommons/training_results_v3.1 MLPerf",
          "mlcommons/training_results_v4.1 MLPerf",
          "mlcommons/training_results_v5.0 MLPerf",
-         "mlcommons/training_results_v5.1 MLPerf"}
+         "mlcommons/training_results_v5.1 MLPerf",
+         # NeMo Automodel's FSDP2 MoE pre-training table, added after the model was written
+         "NVIDIA-NeMo/Automodel docs/performance-summary.md"}
 
 
 def _rows(bench) -> list[dict[str, str]]:
@@ -224,6 +226,30 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
     assert programs["v5.1"].fp8_recipe == "tensorwise" and programs["v5.1"].attention_kernel == "cudnn"
     gpt3 = [r for r in scored if r.run.cfg.family == "gpt"]
     assert gpt3 and not any(bench.software_of_run(r.run).drops_out("gpt") for r in gpt3)
+
+
+def test_automodel_rows_state_their_step_and_run_fsdp2_with_the_benchmark_s_round_robin_gate(results) -> None:
+    """NeMo Automodel's rows: tokens/s per GPU is the table's global batch x sequence over its step time and GPUs;
+    their program is FSDP2 (ZeRO-3, or ZeRO-2 under pipelining, where Automodel keeps parameters gathered) with
+    every block recomputed, DeepEP's deduplicating dispatch and the fake gate's round-robin routing; the
+    pipelined rows are cut as Automodel's AutoPipeline cuts 61 layers into 32 chunks."""
+    bench, found, skipped = results
+    rows = [r for r in _rows(bench) if r["source"].startswith("NVIDIA-NeMo/Automodel")]
+    assert len(rows) == 4
+    for row in rows:
+        step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
+        gpus, batch, seq = int(row["gpus"]), int(row["global_batch"]), int(row["seq_len"])
+        assert float(row["measured_tokens_per_s_per_gpu"]) == pytest.approx(batch * seq / step / gpus, rel=1e-3)
+        assert row["zero_stage"] == ("3" if row["pp"] == "1" else "2"), row["model"]
+    qwen = [r for r in found if r.run.source == "automodel"]
+    assert len(qwen) == 1 and qwen[0].run.hardware == "h100-sxm"  # the DeepSeek-V3 and Kimi K2 rows are traced
+    program = bench.software_of_run(qwen[0].run)
+    assert (program.ep_dispatch, program.ep_routing, program.fp32_grad_reduce) == ("hybridep", "round-robin", True)
+    assert set(qwen[0].run.plan.recompute) == {ir.Recompute.FULL} and qwen[0].run.plan.zero_stage == 3
+    row = next(r for r in rows if r["pp"] == "4" and r["gpus"] == "256")
+    run = bench.build_run(row, traced={"deepseek-v3"})
+    assert [b - a for a, b in run.plan.stages] == [2] * 29 + [1] * 3
+    assert (run.plan.vp, run.plan.num_microbatches, run.plan.zero_stage) == (8, 8, 2)
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:
