@@ -9,10 +9,10 @@ HybridEP, on GB200 (NVL72) and H100 (8-GPU nodes on InfiniBand), hidden size 716
 is assumed here: DeepSeek-V3's top-8 routing (the hidden size and expert count are DeepSeek-V3's), one
 sequence per GPU, bf16 tokens. Each GPU then sends its 4096 x 8 routed copies of 7168 bf16 values, the
 volume ``layer_cost`` passes to ``collective_time("all-to-all", ...)`` for one dispatch (and one combine).
-HybridEP sends each token over the network once per destination node, not once per expert; the cost model
-prices that where a program runs Megatron's flex dispatcher (``Software.ep_dispatch``,
-``collectives.deduplicated_all_to_all_time``: DeepSeek-V3's 256 experts, uniform routing), and its columns
-compare it with the table's HybridEP latencies.
+HybridEP sends each token over the network once per destination node, not once per expert, and inside a node
+once per destination GPU; the cost model prices that where a program runs Megatron's flex dispatcher
+(``Software.ep_dispatch``, ``collectives.deduplicated_all_to_all_time``: DeepSeek-V3's 256 experts, uniform
+routing), and its columns compare it with the table's HybridEP latencies.
 
 A benchmark, not a test: it prints the table and asserts nothing.
 """

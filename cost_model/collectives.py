@@ -174,9 +174,13 @@ def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, g
     GPUs inside that domain (DeepEP, HybridEP: ``Software.ep_dispatch``). With routing uniform over the
     experts, a domain holding E/D of the E experts receives a token with probability
     1 - C(E - E/D, k) / C(E, k), so each rank sends ``token_bytes`` times (D - 1) times that over the
-    network, against k (D - 1)/D copies for an all-to-all. Inside a domain the k copies move as an
-    all-to-all there; the two phases are pipelined (the slower sets the time, as in ``collective_time``).
-    A group inside one domain is a plain all-to-all.
+    network, against k (D - 1)/D copies for an all-to-all. Inside a domain the token moves once to each rank
+    that holds one of its experts (the same count with E/ep experts a rank: ep (1 - C(E - E/ep, k) / C(E, k))
+    ranks, 5.29 of 8 for DeepSeek-V3's top 8 of 256 over ep 8, not k = 8 copies), as an all-to-all there; the
+    two phases are pipelined (the slower sets the time, as in ``collective_time``). A group inside one domain
+    is that all-to-all alone: the Megatron-Core MoE report measured HybridEP's dispatch at EP 8 in about half
+    the all-to-all's time (arXiv:2603.07685 Table 7: 661 against 1,265 us on H100, 391 against 735 on GB200;
+    ``bench/moe_dispatch.py``).
 
     ``routing`` "round-robin" (``Software.ep_routing``): token t goes to experts t*k .. t*k+k-1 (mod E), so its
     experts sit on the few consecutive ranks ``round_robin_spread`` counts; the dispatcher sends it once to each
@@ -185,22 +189,26 @@ def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, g
     inner = round(phases[0][1]) if phases else 1
     if routing == "round-robin":
         copies, spanned = round_robin_spread(experts, top_k, group_size, inner)
-    else:
-        copies, spanned = float(top_k), 0.0
+    else:  # the ranks, of E/ep experts each, that hold at least one of the token's k experts
+        copies, spanned = group_size * _hit_share(experts, round(experts / group_size), top_k), 0.0
     if len(phases) <= 1 or token_bytes <= 0:
         return collective_time("all-to-all", token_bytes * copies, group_size, stride, cluster)
     inner_tier = phases[0][0]
     domains = group_size / inner
     if routing == "round-robin":
         remote = spanned * (domains - 1) / domains  # the sender's own domain is one of D, whichever the token
-    else:
-        per_domain = round(experts / domains)  # whole: ep divides the experts and the domains divide ep
-        k = min(top_k, experts)
-        missed = math.comb(experts - per_domain, k) / math.comb(experts, k)
-        remote = (domains - 1) * (1 - missed)
+    else:  # each domain holds E/D experts (whole: ep divides the experts and the domains divide ep)
+        remote = (domains - 1) * _hit_share(experts, round(experts / domains), top_k)
     outer_s = max(token_bytes * remote / tier.bus_Bps(Collective.ALL_TO_ALL, round(n)) for tier, n in phases[1:])
     inner_s = token_bytes * copies * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, inner)
     return max(inner_s, outer_s) + _latency_s(phases, 1.0, Collective.ALL_TO_ALL)
+
+
+def _hit_share(experts: int, held: int, top_k: int) -> float:
+    """Probability that a token routed uniformly to ``top_k`` of ``experts`` picks at least one of ``held`` of them:
+    1 - C(E - held, k) / C(E, k)."""
+    k = min(top_k, experts)
+    return 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
 @lru_cache(maxsize=256)

@@ -32,7 +32,8 @@ from .common import layer_counts, recompute_kinds, refuse
 VERSION = "Megatron-LM d98e8a6 (megatron-core 0.20.0)"
 # the software presets the cost model prices with Megatron's flex dispatcher and the HybridEP backend
 # (cost_model.software: Software.ep_dispatch "hybridep"); export may not import the cost model, so by name
-HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep"})
+HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep",
+                               "nemo-automodel-2025"})  # DeepEP there: Megatron's nearest is the same dispatcher
 # the presets the cost model prices with FP8 current scaling (Software.fp8_recipe "tensorwise"), by name as above
 TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep"})
 # the presets the cost model prices with dropout in a GPT model (Software.dropout, Megatron's default 0.1), by name as

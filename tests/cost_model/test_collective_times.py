@@ -98,9 +98,12 @@ def test_a_deduplicating_dispatch_sends_each_token_once_per_remote_node() -> Non
     assert deduplicated_all_to_all_time(tokens, 8, 256, 32, 1, cluster) == pytest.approx(network_s + latency, rel=1e-9)
     assert collective_time("all-to-all", 8 * tokens, 32, 1, cluster) > 2 * deduplicated_all_to_all_time(
         tokens, 8, 256, 32, 1, cluster)
-    # inside one node there is nothing to deduplicate: the all-to-all of the k copies
-    assert deduplicated_all_to_all_time(tokens, 8, 256, 8, 1, cluster) == collective_time(
-        "all-to-all", 8 * tokens, 8, 1, cluster)
+    # inside one node the token goes once to each rank holding one of its experts (32 a rank): 8 (1 - C(224, 8) /
+    # C(256, 8)) = 5.29 copies, not the all-to-all's 8
+    ranks = 8 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert ranks == pytest.approx(5.29, abs=0.01)
+    assert deduplicated_all_to_all_time(tokens, 8, 256, 8, 1, cluster) == pytest.approx(collective_time(
+        "all-to-all", ranks * tokens, 8, 1, cluster), rel=1e-12)
     # with one expert per token a token crosses once or not at all, as in an all-to-all
     assert deduplicated_all_to_all_time(tokens, 1, 256, 32, 1, cluster) == pytest.approx(
         collective_time("all-to-all", tokens, 32, 1, cluster), rel=1e-9)
