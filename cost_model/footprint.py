@@ -185,10 +185,11 @@ def _state_dtype(dtype: str, software: Software) -> str:
 
 
 def _unsharded_grad_bytes(dtype: str, software: Software) -> float:
-    """Bytes per parameter of a gathered unit's gradients before the reduce: under ``fp32_params`` with a
-    16-bit compute dtype, the gradient in that dtype and FSDP2's fp32 copy for the reduce-scatter."""
+    """Bytes per parameter of a gathered unit's gradients before the reduce: under ``fp32_params`` (or a 16-bit
+    program's ``fp32_grad_reduce``) with a 16-bit compute dtype, the gradient in that dtype and FSDP2's fp32 copy
+    for the reduce-scatter."""
     grad_b = STATE_BYTES[dtype][1]
-    return grad_b + 4.0 if software.fp32_params and dtype != "float32" else grad_b
+    return grad_b + 4.0 if (software.fp32_params or software.fp32_grad_reduce) and dtype != "float32" else grad_b
 
 
 def _grads_at_peak(plan: Plan, grads: float, activations: float) -> float:
@@ -223,9 +224,13 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         dense["params"] = state_bytes(params.dense, dp=shard_group, zero_stage=3, dtype=state_dtype)["params"]
     expert = state_bytes(params.expert, dp=max(mesh.expert_replicas, 1), zero_stage=plan.zero_stage, dtype=state_dtype)
     states = {k: dense[k] + expert[k] for k in dense}
-    if software.fp32_grad_reduce and state_dtype != "float32":
+    state_params = states["optimizer"] / STATE_BYTES[state_dtype][2]  # the parameters whose state the rank holds
+    if not software.master_weights and state_dtype != "float32":  # Adam's two moments in the parameters' dtype
+        states["optimizer"] = 2.0 * STATE_BYTES[state_dtype][0] * state_params
+    if software.fp32_grad_reduce and state_dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software):
         # Megatron's gradient buffers take the reduce dtype: fp32 main_grad for a 16-bit model
-        # (megatron/core/distributed/distributed_data_parallel.py groups parameters by (param_dtype, grad_dtype))
+        # (megatron/core/distributed/distributed_data_parallel.py groups parameters by (param_dtype, grad_dtype));
+        # FSDP2 casts its reduced shard back to the parameter's dtype (Software.master_weights)
         states["grads"] *= 4.0 / STATE_BYTES[state_dtype][1]
     layer = 0.0
     if activations is None:
@@ -246,8 +251,7 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
         # Transformer Engine caches each weight's FP8 (NVFP4) copy (rowwise and, on Hopper, transposed: 2 bytes a
         # parameter in FP8) across the micro-batches of a step (module/base.py quantize_weight, _fp8_workspaces)
         buffers += 2.0 * GEMM_OPERAND_BYTES[plan.dtype] * (params.dense + params.expert)
-    optimizer_temp = optimizer_temp_bytes(plan, params.bucket, states["optimizer"] / STATE_BYTES[state_dtype][2],
-                                          shard_group, software)
+    optimizer_temp = optimizer_temp_bytes(plan, params.bucket, state_params, shard_group, software)
     buffers += max(0.0, optimizer_temp - activations - buffers)
     if not software.expandable_segments:  # the splitting allocator's fragmentation (Software.expandable_segments)
         buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)

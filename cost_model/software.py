@@ -117,6 +117,14 @@ Fields:
   beside fp32 master weights in the optimizer (``memory.STATE_BYTES``). FSDP2 casts each unsharded
   bf16 gradient to the fp32 ``reduce_dtype`` before its reduce-scatter (``foreach_reduce``), so a
   unit's gradients are held in both dtypes at once.
+* ``master_weights``: a 16-bit model's optimizer keeps fp32 master weights and fp32 Adam moments beside the 16-bit
+  parameters (12 bytes a parameter, ``memory.STATE_BYTES``: Megatron's distributed optimizer, FSDP1's DEFAULT
+  mixed precision). Off: the parameters are stored in the 16-bit dtype and are what the optimizer updates, and
+  ``torch.optim.Adam`` keeps its moments in the parameters' dtype (``exp_avg = torch.zeros_like(p)``): 4 bytes a
+  parameter for both under bf16 (NeMo Automodel's models end ``initialize_weights`` with ``self.to(bf16)``).
+  FSDP2 then keeps its sharded gradients in that dtype too, whatever its ``reduce_dtype``: it casts the
+  reduce-scattered fp32 shard back to the parameter's dtype, so ``fp32_grad_reduce`` there costs only the
+  transient fp32 copy of a unit's gradients (not Megatron's fp32 ``main_grad`` buffers).
 * ``vocab_parallel_loss``: under TP the cross-entropy runs on the vocabulary shards (Megatron's
   ``vocab_parallel_cross_entropy``; meshplan's runtime: the output head keeps its logits ``Shard(-1)``
   and ``runtime.loss`` runs torch's ``loss_parallel``), holding V/tp logits per token and exchanging
@@ -291,6 +299,7 @@ class Software:
     zero_copy_buffers: bool = False
     vocab_parallel_loss: bool = True
     fp32_params: bool = False
+    master_weights: bool = True
     dtensor_tp_styles: bool = False
     fsdp_plain_dp: bool = False
     ddp_accumulation_copy: bool = False
@@ -486,11 +495,12 @@ LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024"
 # no fp32 copy, priced as the fused kernel that keeps the logits in their dtype; ``torch.optim.Adam`` with
 # torch's default (foreach) implementation; no CUDA graphs; the benchmark's fake balanced gate, which routes token
 # t to experts t*k .. t*k+k-1 (mod E), so a token's experts sit on one or two ranks of one node
-# (``ep_routing="round-robin"``). Not carried: the parameters and Adam's moments are stored in bf16
-# (``initialize_weights`` ends ``self.to(bf16)``: no fp32 master weights), which the memory model prices as fp32
-# (an over-estimate); the gate has no router GEMM; the host waits on the GPU in every MoE layer
-# (``tokens_per_expert.sum().item()`` in the token dispatcher).
-NEMO_AUTOMODEL_2025 = dataclasses.replace(DEFAULT, name="nemo-automodel-2025", fp32_params=False,
+# (``ep_routing="round-robin"``); the parameters and Adam's moments stored in bf16, with no fp32 master weights
+# (``initialize_weights`` ends ``self.to(bf16)``; ``master_weights=False``). Not carried: the gate has no router
+# GEMM; the optimizer step's bytes are priced as a master-weight step's (``data_parallel.OPTIMIZER_BYTES_PER_PARAM``,
+# more than a bf16 step moves); the host waits on the GPU in every MoE layer (``tokens_per_expert.sum().item()`` in
+# the token dispatcher), which is not priced.
+NEMO_AUTOMODEL_2025 = dataclasses.replace(DEFAULT, name="nemo-automodel-2025", fp32_params=False, master_weights=False,
                                           eager_modules=False, fused_norm=True, attention_kernel="cudnn",
                                           fp32_grad_reduce=True, cross_entropy="flash", ep_dispatch="hybridep",
                                           ep_routing="round-robin")

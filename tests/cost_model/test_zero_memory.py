@@ -142,3 +142,26 @@ def test_expandable_segments_take_no_fragmentation_allowance(make_graph, make_pl
                                   software=dataclasses.replace(MEGATRON_CORE_2024, expandable_segments=True))
     assert {k: v for k, v in split.items() if k != "buffers"} == {k: v for k, v in expandable.items() if k != "buffers"}
     assert sum(split.values()) == pytest.approx(sum(expandable.values()) * (1 + ALLOCATOR_FRACTION))
+
+
+def test_a_program_without_master_weights_keeps_bf16_parameters_moments_and_gradient_shards(make_graph, make_plan) -> None:
+    """NeMo Automodel (Software.master_weights False): bf16 parameters updated in place by torch.optim.Adam, whose
+    moments take the parameters' dtype: 2 + 2 + 4 bytes a parameter where a master-weight optimizer holds 2 + 2 +
+    12; FSDP2 reduces in fp32 but casts the shard back to bf16, so its gradients stay at 2 bytes (Megatron's fp32
+    main_grad buffers are not FSDP2's), and only a unit's unsharded gradients gain the fp32 copy."""
+    import dataclasses
+
+    from meshplan import zoo
+    from meshplan.cost_model.software import software_named
+
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    psi = zoo.param_count(cfg)
+    plan = make_plan(cfg, cluster, global_batch=16, seq_len=1024, dp=8, zero=3, recompute="full")
+    automodel = software_named("nemo-automodel-2025")
+    assert not automodel.master_weights and automodel.fp32_grad_reduce and not automodel.fp32_params
+    bf16 = memory_breakdown(graph, cluster, plan, software=automodel)
+    master = memory_breakdown(graph, cluster, plan, software=dataclasses.replace(automodel, master_weights=True))
+    assert bf16["params"] == pytest.approx(2 * psi / 8) and bf16["optimizer"] == pytest.approx(4 * psi / 8)
+    assert master["optimizer"] == pytest.approx(12 * psi / 8)
+    assert bf16["grads"] == master["grads"] == pytest.approx(2 * psi / 8)
