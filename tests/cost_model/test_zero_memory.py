@@ -144,7 +144,7 @@ def test_expandable_segments_take_no_fragmentation_allowance(make_graph, make_pl
     assert sum(split.values()) == pytest.approx(sum(expandable.values()) * (1 + ALLOCATOR_FRACTION))
 
 
-def test_a_program_without_master_weights_keeps_bf16_parameters_moments_and_gradient_shards(make_graph, make_plan) -> None:
+def test_a_program_without_master_weights_keeps_bf16_states_and_gradient_shards(make_graph, make_plan) -> None:
     """NeMo Automodel (Software.master_weights False): bf16 parameters updated in place by torch.optim.Adam, whose
     moments take the parameters' dtype: 2 + 2 + 4 bytes a parameter where a master-weight optimizer holds 2 + 2 +
     12; FSDP2 reduces in fp32 but casts the shard back to bf16, so its gradients stay at 2 bytes (Megatron's fp32
