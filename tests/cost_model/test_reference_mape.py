@@ -250,6 +250,10 @@ def test_automodel_rows_state_their_step_and_run_fsdp2_with_the_benchmark_s_roun
     run = bench.build_run(row, traced={"deepseek-v3"})
     assert [b - a for a, b in run.plan.stages] == [2] * 29 + [1] * 3
     assert (run.plan.vp, run.plan.num_microbatches, run.plan.zero_stage) == (8, 8, 2)
+    # a chunk list that does not cut the model's layers, or does not parse, is a reason, not a traceback
+    for split in ("chunks 2*30 1*3", "chunks 2*x", "chunks 2*29 1*2"):
+        reason = bench.build_run({**row, "pipeline_split": split}, traced={"deepseek-v3"})
+        assert isinstance(reason, str) and "not expressible" in reason, (split, reason)
 
 
 def test_in_sample_factor_zeroes_each_accelerators_mean_log_ratio(results) -> None:
