@@ -246,13 +246,15 @@ def test_automodel_rows_state_their_step_and_run_fsdp2_with_the_benchmark_s_roun
     program = bench.software_of_run(qwen[0].run)
     assert (program.ep_dispatch, program.ep_routing, program.fp32_grad_reduce) == ("hybridep", "round-robin", True)
     assert set(qwen[0].run.plan.recompute) == {ir.Recompute.FULL} and qwen[0].run.plan.zero_stage == 3
-    row = next(r for r in rows if r["pp"] == "4" and r["gpus"] == "256")
-    run = bench.build_run(row, traced={"deepseek-v3"})
-    assert [b - a for a, b in run.plan.stages] == [2] * 29 + [1] * 3
-    assert (run.plan.vp, run.plan.num_microbatches, run.plan.zero_stage) == (8, 8, 2)
-    # a chunk list that does not cut the model's layers, or does not parse, is a reason, not a traceback
-    for split in ("chunks 2*30 1*3", "chunks 2*x", "chunks 2*29 1*2"):
-        reason = bench.build_run({**row, "pipeline_split": split}, traced={"deepseek-v3"})
+    assert {r["pipeline_split"] for r in rows if r["pp"] != "1"} == {"chunks 2*29 1*3"}  # 32 chunks, 61 layers
+    # a chunk list is cut as written (here on the Qwen3 row, 48 layers, so that nothing is traced), and one that
+    # does not cut the model's layers into pp x vp chunks, or does not parse, is a reason, not a traceback
+    row = {**next(r for r in rows if r["pp"] == "1"), "pp": "4", "dp": "2", "ep": "2", "vp": "8", "zero_stage": "2"}
+    run = bench.build_run({**row, "pipeline_split": "chunks 2*16 1*16"})
+    assert [b - a for a, b in run.plan.stages] == [2] * 16 + [1] * 16
+    assert (run.plan.vp, run.plan.num_microbatches, run.plan.zero_stage) == (8, 64, 2)
+    for split in ("chunks 2*17 1*16", "chunks 2*16 1*15", "chunks 2*x"):
+        reason = bench.build_run({**row, "pipeline_split": split})
         assert isinstance(reason, str) and "not expressible" in reason, (split, reason)
 
 
