@@ -187,18 +187,16 @@ def deduplicated_all_to_all_time(token_bytes: float, top_k: int, experts: int, g
     of their domains over the network and once to each of their ranks inside a domain."""
     phases = group_phases(group_size, stride, cluster)
     inner = round(phases[0][1]) if phases else 1
+    domains = group_size / inner
     if routing == "round-robin":
         copies, spanned = round_robin_spread(experts, top_k, group_size, inner)
-    else:  # the ranks, of E/ep experts each, that hold at least one of the token's k experts
-        copies, spanned = group_size * _hit_share(experts, round(experts / group_size), top_k), 0.0
+        remote = spanned * (domains - 1) / domains  # the sender's own domain is one of D, whichever the token
+    else:  # the ranks, and the domains, of E/ep and E/D experts each, that hold one of the token's k experts
+        copies = group_size * _hit_share(experts, round(experts / group_size), top_k)
+        remote = (domains - 1) * _hit_share(experts, round(experts / domains), top_k)
     if len(phases) <= 1 or token_bytes <= 0:
         return collective_time("all-to-all", token_bytes * copies, group_size, stride, cluster)
     inner_tier = phases[0][0]
-    domains = group_size / inner
-    if routing == "round-robin":
-        remote = spanned * (domains - 1) / domains  # the sender's own domain is one of D, whichever the token
-    else:  # each domain holds E/D experts (whole: ep divides the experts and the domains divide ep)
-        remote = (domains - 1) * _hit_share(experts, round(experts / domains), top_k)
     outer_s = max(token_bytes * remote / tier.bus_Bps(Collective.ALL_TO_ALL, round(n)) for tier, n in phases[1:])
     inner_s = token_bytes * copies * (inner - 1) / inner / inner_tier.bus_Bps(Collective.ALL_TO_ALL, inner)
     return max(inner_s, outer_s) + _latency_s(phases, 1.0, Collective.ALL_TO_ALL)

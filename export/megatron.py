@@ -266,8 +266,9 @@ def to_megatron(plan: Plan) -> str:
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"],
              "float4": ["--bf16", "--fp4-format", "e2m1"]}.get(
         plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
-    if plan.dtype == "float8" and _fp8_recipe(plan):
-        args += ["--fp8-recipe", _fp8_recipe(plan)]  # block or current scaling, as the plan was priced
+    recipe = _fp8_recipe(plan) if plan.dtype == "float8" else None
+    if recipe:
+        args += ["--fp8-recipe", recipe]  # block or current scaling, as the plan was priced
     if plan.dtype == "float8" and plan.zero_stage == 1:
         args += ["--fp8-param-gather"]  # FP8 weights, as the Megatron-Core presets price them (fp8_param_gather)
     if plan.dtype == "float4" and plan.zero_stage == 1:
