@@ -89,7 +89,14 @@ NVIDIA's perf scripts ran the row with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segm
 and 26.04.01 (@v0.4.0, @v0.4.1) Llama 3.1 405B on GB200 and GB300 in FP8 or MXFP8 and DeepSeek-V3 on H100 and
 GB200; in 26.06 and 26.06.01 every row (``PERF_ENV_VARS`` in utils/executors.py @v0.5.0, @v0.5.1) but those whose
 config runs Megatron-FSDP on a Llama or sets ``nccl_ub``, for which perf_plugins.py removes it (the Llama 3 70B
-FSDP rows here).
+FSDP rows here). ``cuda_graphs`` is what the same workload config captures in CUDA graphs, where exactly one
+config of the row's release matches its layout (tp, pp, vp, ep, micro-batch, GPUs): ``none`` (``cuda_graph_impl``
+unset), ``full_iteration``, or ``transformer_engine:`` and its ``cuda_graph_scope`` (``attn``, ``moe_router``,
+``moe_preprocess``); empty for the other rows (25.11, Kimi K2, no single match); ``bench/data/bridge_cuda_graphs.py``
+writes them from a Megatron-Bridge clone. The model does not price the host's
+time (its GPU presets assume launches run ahead of the kernels), so the column prices nothing: ``graph_table``
+prints the Megatron-Bridge MoE rows' error by what they capture and by micro-batch, where the host's launch time
+would show (``python bench/reference_runs.py``).
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
 MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
@@ -250,6 +257,7 @@ class Run:
     fused_grouped_mlp: bool  # the row's config fuses the experts' GEMM and SwiGLU (``software_of_run``)
     recompute_modules: tuple[str, ...]  # submodules the row's config recomputes (``software_of_run``)
     expandable_segments: bool  # the row ran PyTorch's allocator with expandable segments (``software_of_run``)
+    cuda_graphs: str = ""  # what the row's config captures in CUDA graphs (module docstring); not priced
     graph: ir.Graph  # what the row is costed on: ``graph_of(cfg)``, or the traced architecture's
 
 
@@ -596,7 +604,7 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
                graph=graph, ep_overlap=_cell(row, "ep_overlap") == "true", mxfp8=_cell(row, "dtype") == "mxfp8",
                fused_grouped_mlp=_cell(row, "fused_grouped_mlp") == "true",
                recompute_modules=tuple(_cell(row, "recompute_modules").split()),
-               expandable_segments=_cell(row, "expandable_segments") == "true")
+               expandable_segments=_cell(row, "expandable_segments") == "true", cuda_graphs=_cell(row, "cuda_graphs"))
 
 
 FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}
@@ -730,6 +738,31 @@ def loso_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def graph_kind(cuda_graphs: str) -> str:
+    """A ``cuda_graphs`` cell's kind: "none", "full" (the whole iteration), "partial" (Transformer Engine's scopes:
+    some of attention, router and dispatch preprocessing, never the experts or their all-to-all), or "" (unknown)."""
+    if cuda_graphs in ("", "none"):
+        return cuda_graphs
+    return "full" if cuda_graphs == "full_iteration" else "partial"
+
+
+def graph_table(results: list[Result]) -> str:
+    """The in-sample error of the MoE rows whose config's CUDA graphs are known (``cuda_graphs``), by what they
+    capture and whether they run micro-batch 1, where the host's launch time per kernel is largest against the
+    GPU's. GPT-OSS apart: its rows miss by 25% to 90% whatever they capture (README)."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in results:
+        kind = graph_kind(r.run.cuda_graphs)
+        if kind:
+            model = "GPT-OSS" if r.run.label.startswith("GPT OSS") else "other MoE"
+            batch = "micro-batch 1" if r.run.plan.micro_batch_size == 1 else "micro-batch > 1"
+            groups.setdefault((model, kind, batch), []).append(r.error)
+    lines = [f"{'MoE rows by CUDA graphs (cuda_graphs)':<54} {'rows':>4}   MAPE  signed"]
+    for (model, kind, batch), errors in sorted(groups.items(), key=lambda kv: (kv[0][0] == "GPT-OSS",) + kv[0][1:]):
+        lines.append(f"{model + ', ' + kind + ', ' + batch:<54} {len(errors):4d} {_stats(errors)}")
+    return "\n".join(lines)
+
+
 def memory_summary(results: list[Result]) -> str:
     """How many published plans the memory model refuses: each ran, so each refusal over-estimates its peak
     (the line's ``OOM``), by source, with the largest excess."""
@@ -786,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
           "they were visible, which no refit can undo. The factor columns fit one throughput factor per\n"
           "accelerator by least squares on log(measured/predicted): on every row, then without the row's source.)")
     print(loso_table(results))
+    print()
+    print(graph_table(results))
+    print()
     for line in skipped:
         print(f"skipped {line}")
     return 0

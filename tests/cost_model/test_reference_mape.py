@@ -347,3 +347,28 @@ def test_rows_run_with_expandable_segments_are_those_nvidia_s_scripts_set_it_for
     runs = [r for r in found if r.run.expandable_segments]  # (DeepSeek-V3, not traced here, is not among them)
     assert runs and {r.run.label.split(" @")[0] for r in runs} <= {row["model"][:38] for row in marked}
     assert all(r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes for r in runs)
+
+
+def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_the_moe_rows(results) -> None:
+    """``cuda_graphs`` (bench module docstring) is set only on Megatron-Bridge MoE rows, in one of the forms the
+    workload configs write; three rows read against their release's config (Qwen3-30B on B200 at micro-batch 1 in
+    26.02 @v0.3.0: router and preprocessing only; Qwen3-235B on B300 in 26.02: nothing; DeepSeek-V3 on GB200 in
+    26.06 @v0.5.0: the whole iteration); and ``graph_table`` counts every scored row whose capture is known, once."""
+    bench, found, _ = results
+    rows = _rows(bench)
+    scopes = {"attn", "moe_router", "moe_preprocess"}
+    marked = {row["model"]: row["cuda_graphs"] for row in rows if row["cuda_graphs"]}
+    assert len(marked) > 60
+    for model, cell in marked.items():
+        row = next(r for r in rows if r["model"] == model)
+        assert "Megatron-Bridge" in row["source"] and (row["moe_experts"].strip() or row["family"].strip())
+        kind, _, scope = cell.partition(":")
+        assert cell in ("none", "full_iteration") or (kind == "transformer_engine" and set(scope.split("+")) <= scopes)
+    assert marked["Qwen3_30B_a3B (B200 MXFP8, 26.02)"] == "transformer_engine:moe_router+moe_preprocess"
+    assert marked["Qwen3_235B_a22B (B300 MXFP8, 26.02)"] == "none"
+    assert marked["DeepSeekV3 (GB200 MXFP8, 26.06)"] == "full_iteration"
+    assert [bench.graph_kind(c) for c in ("", "none", "full_iteration", "transformer_engine:attn")] == [
+        "", "none", "full", "partial"]
+    table = bench.graph_table(found)
+    counted = sum(int(line[54:59]) for line in table.splitlines()[1:])
+    assert counted == sum(1 for r in found if r.run.cuda_graphs) > 0
