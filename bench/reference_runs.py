@@ -40,18 +40,21 @@ counts it (REFERENCE.md sec. 0):
   Float8 are skipped.
 * MLPerf Training's LLM submissions, each round a publication: GPT-3 175B in v3.0 (training_results_v3.0 @63e326c:
   NVIDIA and CoreWeave on H100, 512 to 3,584 GPUs), v3.1 (@d06288b: NVIDIA's Eos and Azure on H100, 768 to 10,752
-  GPUs) and v4.1 (@b87b9e3: NVIDIA on H100 and a B200 preview), Llama 3.1 405B in v5.0 (@0fdc28f: NVIDIA on H100 up
-  to 8,192 GPUs and GB200, CoreWeave on GB200 up to 2,496) and Llama 3.1 8B and 405B in v5.1 (@441d65f4: NVIDIA on
-  GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda and the University of Florida
-  on B200 and B300): tokens/s per GPU = the logged global batch x sequence over the median train step time of every
-  result log of the submission, over its GPUs (``bench/data/mlperf_training.py`` prints them from a clone of each
-  round's results repository), under the plan of the launch config its README names, or the only config of its
-  implementation directory with its node count and global batch (submissions whose config is ambiguous, FP8 or FP4,
-  and one that logs no step time, are left out), and its round's program (``MLPERF_SOFTWARE``). Added after the
-  model was written; their first prediction, before anything was changed for them: v5.1 MAPE 15.7% (+15.4%) over 28
-  rows, v5.0 16.0% (+16.0%) over 12, v4.1 5.5% (+5.5%) over 3, v3.1 12.1% (+12.1%) over 7, v3.0 23.4% (+23.4%) over
-  5: the same GPT-3 on H100 ran 31% faster per GPU in v4.1 (NeMo 24.09) than in v3.0 (NeMo 23.04), a software
-  generation one preset (nemo-perf-recipes-2024) does not tell apart.
+  GPUs), v4.0 (@6fe9543: NVIDIA's Eos on H100, 512 to 11,616 GPUs; its logs record no step time, so the steps are
+  timed by training blocks) and v4.1 (@b87b9e3: NVIDIA on H100 and a B200 preview), Llama 3.1 405B in v5.0
+  (@0fdc28f: NVIDIA on H100 up to 8,192 GPUs and GB200, CoreWeave on GB200 up to 2,496) and Llama 3.1 8B and 405B in
+  v5.1 (@441d65f4: NVIDIA on GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda
+  and the University of Florida on B200 and B300): tokens/s per GPU = the logged global batch x sequence over the
+  median train step time of every result log of the submission, over its GPUs (``bench/data/mlperf_training.py``
+  prints them from a clone of each round's results repository), under the plan of the launch config its README
+  names, or the only config of its implementation directory with its node count and global batch (submissions whose
+  config is ambiguous, FP8 or FP4, and v4.1's 11,616-GPU entry, whose logs are v4.0's submission's, are left out),
+  and its round's program (``MLPERF_SOFTWARE``). Added after the model was written; their first prediction, before
+  anything was changed for them: v5.1 MAPE 15.7% (+15.4%) over 28 rows, v5.0 16.0% (+16.0%) over 12, v4.1 5.5%
+  (+5.5%) over 3, v4.0 6.4% (+6.4%) over 3 (added later still, in the session that added the ``cuda_graphs``
+  column), v3.1 12.1% (+12.1%) over 7, v3.0 23.4% (+23.4%) over 5: the same GPT-3 on H100 ran 31% faster per GPU in
+  v4.1 (NeMo 24.09) than in v3.0 (NeMo 23.04), a software generation one preset (nemo-perf-recipes-2024) does not
+  tell apart.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -164,7 +167,7 @@ GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 # --overlap-param-gather, TE's fused cross-entropy and fused attention. Not carried: their CUDA graphs, FP8 attention
 # where a config sets FP8_DPA, FP8 parameter gathers where it turns FP8_PARAM_GATHER off, and whether they reduce
 # gradients in fp32 (the presets' bf16 assumed).
-# * v3.0 (training_results_v3.0 @63e326c, NeMo 23.04), v3.1 (@d06288b, NeMo 23.09) and
+# * v3.0 (training_results_v3.0 @63e326c, NeMo 23.04), v3.1 (@d06288b, NeMo 23.09), v4.0 (@6fe9543, NeMo 24.04) and
 #   v4.1 (training_results_v4.1 @b87b9e3, NeMo 24.04/24.09 containers): GPT-3 175B in FP8 by delayed scaling
 #   (config_fp8.sh: FP8_HYBRID, FP8_AMAX_HISTORY 1024), hidden_dropout and attention_dropout 0.0: the 2024 NeMo program
 #   (nemo-perf-recipes-2024: its cuDNN attention at FlashAttention-2's rate, as for NeMo's own 2024 tables), without
@@ -173,7 +176,7 @@ GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 #   fp8_recipe defaults to delayed, which no config overrides): megatron-core-perf-recipes with that recipe;
 # * v5.1 (training_results_v5.1 @441d65f4, NeMo 25.09): FP8_RECIPE defaults to tensorwise: megatron-core-perf-recipes.
 MLPERF_SOFTWARE = {"v3.0": "nemo-perf-recipes-2024+no-dropout", "v3.1": "nemo-perf-recipes-2024+no-dropout",
-                   "v4.1": "nemo-perf-recipes-2024+no-dropout",
+                   "v4.0": "nemo-perf-recipes-2024+no-dropout", "v4.1": "nemo-perf-recipes-2024+no-dropout",
                    "v5.0": "megatron-core-perf-recipes+fp8-delayed", "v5.1": "megatron-core-perf-recipes"}
 
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).

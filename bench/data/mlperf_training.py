@@ -1,6 +1,6 @@
 """The MLPerf Training rows of reference_runs.csv: each one's measured step time, from its result logs.
 
-    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v3.0, v3.1, v4.1, v5.0 or v5.1; PATH: a clone of
+    python bench/data/mlperf_training.py ROUND PATH   # ROUND: v3.0, v3.1, v4.0, v4.1, v5.0 or v5.1; PATH: a clone of
                                                      # github.com/mlcommons/training_results_ROUND (or its bare git
                                                      # directory; read at HEAD)
 
@@ -8,7 +8,10 @@ Prints, for every submission in ``ROWS`` (the ones whose launch configuration is
 submitter's README, or the only configuration of its implementation directory with that system's node count and
 global batch), the median ``train_step_time`` over every ``tracked_stats`` record of all its ``result_*.txt`` logs,
 the global batch and sequence length the log states, and tokens/s per GPU = global batch x sequence / median step /
-GPUs: the ``measured_tokens_per_s_per_gpu`` of its CSV row. The plan columns of each row come from the configuration
+GPUs: the ``measured_tokens_per_s_per_gpu`` of its CSV row. Logs that record no step time (v4.0's) give it by their
+training blocks instead: each ``block_stop`` less its ``block_start`` (the training between two evaluations; the
+evaluation runs outside them) over the steps in the block (its ``epoch_count``, in tokens, over global batch x
+sequence), the median over every block of every log. The plan columns of each row come from the configuration
 named here (``config_*.sh``: TENSOR/PIPELINE/CONTEXT_PARALLEL, INTERLEAVED_PIPELINE, MICRO_BATCH_SIZE, MINIBS, FP8
 or FP4). Data tooling, not part of the package.
 """
@@ -46,8 +49,16 @@ ROWS = {
         ("NVIDIA", "eos-dfw_n1344_ngc23.09_nemo", "gpt3", 10752, "config_DGXH100_1344x8x8x4x8_mbs1.sh"),
         ("Azure+NVIDIA", "ND_H100_v5_n1344_pytorch", "gpt3", 10752, "config_DGXH100_1344x8x8x4x8_mbs1.sh"),
     ],
+    # training_results_v4.0 @6fe9543: GPT-3 175B (NVIDIA's NeMo implementation; configs named by each submission's
+    # README); its logs record no step time, so the steps are timed by training blocks (module docstring)
+    "v4.0": [
+        ("NVIDIA", "eos_n64_ngc24.04_nemo", "gpt3", 512, "config_DGXH100_64x8x128x4x8_mbs2.sh"),
+        ("NVIDIA", "eos-dfw_n1344_ngc24.04_nemo", "gpt3", 10752, "config_DGXH100_1344x8x6x4x6_mbs1_cg.sh"),
+        ("NVIDIA", "eos-dfw_n1452_ngc24.04_nemo", "gpt3", 11616, "config_DGXH100_1452x8x6x4x6_mbs1_cg.sh"),
+    ],
     # training_results_v4.1 @b87b9e3: GPT-3 175B (NVIDIA's NeMo implementation; configs named by each submission's
-    # README; its 11,616-GPU submission, eos-dfw_n1452, logs no step time and is left out)
+    # README; its 11,616-GPU entry, eos-dfw_n1452_ngc24.04_nemo, holds v4.0's logs of that submission, the same files,
+    # and is counted under v4.0)
     "v4.1": [
         ("NVIDIA", "b200_n8_preview_nemo", "gpt3", 64, "config_DGXB200_8x8x1024x4x8_mbs2_cg.sh"),
         ("NVIDIA", "eos_n32_ngc24.09_nemo", "gpt3", 256, "config_DGXH100_32x8x256x4x8_mbs2.sh"),
@@ -119,7 +130,7 @@ def reader(root: Path):
 
 def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, int, int]:
     """(median step s, global batch, sequence length, step records, logs) of one submission's result logs."""
-    steps, gbs, seq, logs = [], None, None, 0
+    steps, blocks, gbs, seq, logs = [], [], None, None, 0
     for i in range(10):
         try:
             text = read(f"{org}/results/{system}/{bench}/result_{i}.txt")
@@ -137,6 +148,12 @@ def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, i
                 gbs = int(value)
             elif rec["key"] == "max_sequence_length":
                 seq = int(value)
+            elif rec["key"] in ("block_start", "block_stop"):
+                blocks.append((rec["key"], rec["time_ms"], rec["metadata"].get("epoch_count")))
+    if not steps:  # no step times logged: time the training blocks (module docstring)
+        starts = [(t, n) for key, t, n in blocks if key == "block_start"]
+        stops = [t for key, t, _ in blocks if key == "block_stop"]
+        steps = [(stop - start) / 1e3 / (n / (gbs * seq)) for (start, n), stop in zip(starts, stops)]
     return statistics.median(steps), gbs, seq, len(steps), logs
 
 
@@ -147,8 +164,8 @@ def main(argv: list[str]) -> int:
     read = reader(Path(argv[1]))
     for org, system, bench, gpus, config in ROWS[argv[0]]:
         step, gbs, seq, n, logs = measure(read, org, system, bench)
-        print(f"{org}/{system}/{bench}: {config}; {logs} logs, {n} steps, median {step:.6f} s, global batch {gbs}, "
-              f"sequence {seq}, {gbs * seq / step / gpus:.1f} tokens/s/GPU")
+        print(f"{org}/{system}/{bench}: {config}; {logs} logs, {n} step timings, median {step:.6f} s, "
+              f"global batch {gbs}, sequence {seq}, {gbs * seq / step / gpus:.1f} tokens/s/GPU")
     return 0
 
 

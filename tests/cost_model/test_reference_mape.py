@@ -55,7 +55,7 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          # MLPerf Training's GPT-3 175B (v3.0, v3.1, v4.1), Llama 3.1 405B (v5.0) and Llama 3.1 8B and 405B (v5.1)
          # submissions, each round a publication, added after the model was written
          "mlcommons/training_results_v3.0 MLPerf", "mlcommons/training_results_v3.1 MLPerf",
-         "mlcommons/training_results_v4.1 MLPerf",
+         "mlcommons/training_results_v4.0 MLPerf", "mlcommons/training_results_v4.1 MLPerf",
          "mlcommons/training_results_v5.0 MLPerf",
          "mlcommons/training_results_v5.1 MLPerf",
          # NeMo Automodel's FSDP2 MoE pre-training table, added after the model was written
@@ -211,7 +211,7 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
     does; and it is priced as its round's NeMo program (FP8 by delayed scaling before v5.1, GPT-3 without dropout)."""
     bench, found, _ = results
     rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_")]
-    assert len(rows) == 5 + 7 + 3 + 12 + 28
+    assert len(rows) == 5 + 7 + 3 + 3 + 12 + 28
     for row in rows:
         step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
         gpus, batch, seq = int(row["gpus"]), int(row["global_batch"]), int(row["seq_len"])
@@ -222,7 +222,7 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
     assert len(scored) == len(rows) and {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm",
                                                                               "h200", "b200", "b300"}
     programs = {r.run.publication.split()[0][-4:]: bench.software_of_run(r.run) for r in scored}
-    assert {programs[v].fp8_recipe for v in ("v3.0", "v3.1", "v4.1", "v5.0")} == {"delayed"}
+    assert {programs[v].fp8_recipe for v in ("v3.0", "v3.1", "v4.0", "v4.1", "v5.0")} == {"delayed"}
     assert programs["v5.1"].fp8_recipe == "tensorwise" and programs["v5.1"].attention_kernel == "cudnn"
     gpt3 = [r for r in scored if r.run.cfg.family == "gpt"]
     assert gpt3 and not any(bench.software_of_run(r.run).drops_out("gpt") for r in gpt3)
