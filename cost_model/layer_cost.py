@@ -197,6 +197,21 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
+def unpad_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) of ``Software.attention_unpad``'s gathers and scatters around
+    the attention kernel; 0 without it. Forward: q, k and v each read and written once more by the gather
+    (``index_first_axis``), the output written as zeros, then read and scattered into them (``pad_input``): 5 q-sized
+    and 4 kv-sized passes in 5 kernels (and 4 small ones on the mask's indices). Backward: each of dq, dk and dv
+    scattered into a zero-filled padded tensor (the gather's transpose: 3 passes each), the output's gradient gathered
+    (2 passes): 5 q-sized and 6 kv-sized passes in 7 kernels."""
+    if not shape.software.attention_unpad:
+        return 0.0, 0, 0.0, 0
+    ab, d = ACTIVATION_BYTES[shape.dtype], shape.dims
+    q = shape.tokens * q_width(d) * ab / shape.tp
+    kv = shape.tokens * kv_width(d) * ab / shape.tp
+    return 5 * q + 4 * kv, 9, 5 * q + 6 * kv, 7
+
+
 def recompute_modules_bytes(shape: LayerShape) -> tuple[float, int]:
     """(bytes moved, kernels) of the forward the backward runs again for ``Software.recompute_modules``: the two
     norms (read the input, write the output: Transformer Engine's fused RMSNorm/LayerNorm) for ``"layernorm"``,
@@ -287,10 +302,12 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     moved, kernels = elementwise_fwd(shape)
     fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
     cast_f, cast_fk, cast_b, cast_bk = fp8_cast_bytes(shape)
-    mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f, kernels - fused.fwd_kernels + cast_fk)
+    pad_f, pad_fk, pad_b, pad_bk = unpad_bytes(shape)  # Software.attention_unpad: varlen gathers and scatters
+    mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f + pad_f,
+                          kernels - fused.fwd_kernels + cast_fk + pad_fk)
     again, again_k = recompute_modules_bytes(shape)  # Software.recompute_modules: their forward, in the backward
-    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b + again,
-                          2 * kernels - fused.bwd_kernels + cast_bk + again_k)
+    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b + again + pad_b,
+                          2 * kernels - fused.bwd_kernels + cast_bk + again_k + pad_bk)
     ops_f, ops_b = dispatch_s(shape, cluster)
     if shape.dims.family == "gpt":  # GELU (tanh) at its measured rate where tanh, not memory, bounds it (CPUs)
         ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp

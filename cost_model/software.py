@@ -214,6 +214,14 @@ Fields:
   torchtitan's ``norm_type = "fused_rmsnorm"`` (torchtitan/models/norms.py ``FusedRMSNorm``, a Triton kernel after
   Tri Dao's, ``ctx.save_for_backward(x, weight, rstd)``; its Llama 3 8B and Llama 2 13B configs of @0413364 set it,
   its 70B configs ``rmsnorm``). Modifier ``+fused-norm``.
+* ``attention_unpad``: the program runs its fused attention on unpadded (varlen) tensors: FlashAttention's
+  ``bert_padding.unpad_input`` gathers the q, k and v of the tokens the key-padding mask keeps into new tensors
+  before the kernel (``flash_attn_varlen_func``) and ``pad_input`` scatters its output back into a zero-filled
+  (batch, sequence) tensor after it; the backward runs their transposes. llm-foundry's ``flash_attn_fn`` does so
+  whatever the mask (llmfoundry/models/layers/attention.py @5e85bd62d: an all-ones mask where none is given, then
+  ``unpadding_function`` on q, k and v and ``bert_padding.pad_input`` on the output), the path its ``attn_impl
+  flash`` takes; its Triton kernel (``attn_impl triton``) runs on the padded tensors. Priced as memory-bound passes
+  (``layer_cost.unpad_bytes``); the host syncs of ``unpad_input`` (``torch.nonzero``, ``.item()``) are not.
 * ``fused_grouped_mlp``: the experts' SwiGLU runs in the epilogue of their first grouped GEMM, forward and
   backward, which also writes the block-scaled (MXFP8) copies the second GEMM reads: no activation kernel and no
   quantization of its input or of the first GEMM's output gradient (``layer_cost.elementwise_fwd``,
@@ -309,6 +317,7 @@ class Software:
     selective_saves_matmuls: bool = False
     selective_alternate_matmuls: bool = False
     fused_norm: bool = False
+    attention_unpad: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
     cross_entropy: str = "upcast"
@@ -480,9 +489,11 @@ LLM_FOUNDRY_2023_PURE = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-
 
 # llm-foundry's large-scale H100 table (README @5e85bd62d, 2024-01-06) ran llm-foundry main with Composer 0.17.2
 # and, for the models its sweep.py gives attn_impl flash, FlashAttention-2 (flash-attn 2.4.2): the 2023 program
-# with FA2's attention rate. (Its sweep also turns on forward prefetch and BACKWARD_PRE, which this preset
-# does not distinguish: FSDP's gathers are priced as prefetched either way.)
-LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0)
+# with FA2's attention rate, on the unpadded tensors its ``flash_attn_fn`` gathers (``attention_unpad``). (Its sweep
+# also turns on forward prefetch and BACKWARD_PRE, which this preset does not distinguish: FSDP's gathers are priced
+# as prefetched either way.)
+LLM_FOUNDRY_2024 = dataclasses.replace(LLM_FOUNDRY_2023, name="llm-foundry-2024", attention_speed=1.0,
+                                       attention_unpad=True)
 
 # NVIDIA NeMo Automodel's MoE pre-training benchmarks (docs/performance-summary.md @89e3a9fdd, 2025-10-06; its
 # configs examples/benchmark/configs/*_te_deepep.yaml and nemo_automodel/components there): PyTorch FSDP2 over the

@@ -769,3 +769,30 @@ def test_a_software_name_adds_its_modifiers_to_its_preset() -> None:
                       ("meshplan+expandable", "no modifiers"), ("megatron+mxfp8", "unknown software 'megatron'")):
         with pytest.raises(PlanError, match=says):
             software_named(bad)
+
+
+def test_llm_foundry_s_flash_path_pays_its_unpad_gathers_and_pad_scatters() -> None:
+    """``Software.attention_unpad`` (llm-foundry's ``flash_attn_fn``: bert_padding's unpad_input on q, k, v and
+    pad_input on the output): 5 q-sized and 4 kv-sized passes forward in 9 kernels, 5 and 6 backward in 7, each priced
+    at the memory-bound rate on top of the layer's own; its preset ``llm-foundry-2024`` runs it, the Triton-kernel
+    program of 2023 does not, and a program without it pays nothing."""
+    import importlib
+
+    from meshplan.cost_model.kernels import memory_time_s
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")
+    gqa = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    b, s = 2, 4096
+    off = software_named("llm-foundry-2024")
+    assert off.attention_unpad and not software_named("llm-foundry-2023").attention_unpad
+    assert not software_named("megatron-core-perf-recipes").attention_unpad
+    off = dataclasses.replace(off, attention_unpad=False)
+    on = dataclasses.replace(off, attention_unpad=True)
+    shape_on, shape_off = (lc.LayerShape(dims=gqa, micro_batch=b, seq_len=s, software=sw) for sw in (on, off))
+    q, kv = b * s * 4096 * 2, b * s * 1024 * 2
+    assert lc.unpad_bytes(shape_on) == pytest.approx((5 * q + 4 * kv, 9, 5 * q + 6 * kv, 7))
+    assert lc.unpad_bytes(shape_off) == (0.0, 0, 0.0, 0)
+    accel = Cluster.preset("h100-sxm").accelerator
+    paid, free = (lc.layer_cost(sh, Cluster.preset("h100-sxm")) for sh in (shape_on, shape_off))
+    assert paid.fwd_compute_s - free.fwd_compute_s == pytest.approx(memory_time_s(accel, 5 * q + 4 * kv, 9))
+    assert paid.bwd_compute_s - free.bwd_compute_s == pytest.approx(memory_time_s(accel, 5 * q + 6 * kv, 7))
