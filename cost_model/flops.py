@@ -90,6 +90,19 @@ def attention_core_flops(dims: ModelDims, sequences: float, seq_len: int) -> flo
     return 4.0 * sequences * seq_len * seq_len * q_width(dims) * dims.core_scale
 
 
+def window_share(dims: ModelDims, seq_len: float) -> float:
+    """The mean share of a layer's causal attention work a fused kernel executes when ``dims.windowed_layers`` of its
+    layers attend ``dims.attention_window`` positions back: such a layer's query i reads min(i, w) keys, s w - w^2 / 2
+    pairs in all against the s^2 / 2 of a full causal mask, so 2 w / s - (w / s)^2 of them; 1 where the window spans
+    the sequence. The attention core's time scales by it; its FLOP count (``attention_core_flops``, what the traced
+    graph is checked against) does not."""
+    w, s = dims.attention_window, seq_len
+    if not w or not dims.windowed_layers or not dims.layers or w >= s:
+        return 1.0
+    part = min(dims.windowed_layers, dims.layers) / dims.layers
+    return 1.0 - part + part * (2.0 * w / s - (w / s) ** 2)
+
+
 def logits_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:
     return 2.0 * sequences * seq_len * dims.hidden * dims.vocab
 

@@ -73,7 +73,7 @@ from functools import lru_cache
 
 from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time, deduplicated_all_to_all_time
-from .flops import attention_core_flops, kv_width, q_width
+from .flops import attention_core_flops, kv_width, q_width, window_share
 from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles, runs_loss_parallel)
@@ -288,7 +288,9 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
                                          q_len=shape.seq_len / shape.cp, kv_len=shape.seq_len, head_dim=d.head_dim,
                                          elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.drops_out(d.family))
         return f * d.core_scale, b * d.core_scale  # core_scale: the traced block's attention where the shapes miss it
-    core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
+    # a window-aware kernel skips the blocks outside a sliding window (Software.window_kernel, flops.window_share)
+    share = window_share(d, shape.seq_len) if shape.software.window_kernel else 1.0
+    core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) * share / shape.cp / shape.tp
     return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim,
                                speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
                                kernel=shape.software.attention_kernel)

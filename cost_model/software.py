@@ -222,6 +222,13 @@ Fields:
   ``unpadding_function`` on q, k and v and ``bert_padding.pad_input`` on the output), the path its ``attn_impl
   flash`` takes; its Triton kernel (``attn_impl triton``) runs on the padded tensors. Priced as memory-bound passes
   (``layer_cost.unpad_bytes``); the host syncs of ``unpad_input`` (``torch.nonzero``, ``.item()``) are not.
+* ``window_kernel``: the program's fused attention skips the blocks outside a layer's sliding window
+  (``ModelDims.attention_window``; ``flops.window_share`` of the causal work remains). Megatron-Core hands
+  ``TransformerConfig.window_size`` to Transformer Engine's ``DotProductAttention``, whose cuDNN (FusedAttention) and
+  FlashAttention backends take it as a band (TransformerEngine PR #1212, 2024: cuDNN's window made to match flash's);
+  Megatron-Bridge's GPT-OSS bridge sets it to (sliding_window - 1, 0) on every other layer
+  (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py: ``window_size``, ``window_attn_skip_freq = 2``). Off for
+  meshplan's runtime, which runs a traced model's own attention, where a window is a mask over the whole sequence.
 * ``fused_grouped_mlp``: the experts' SwiGLU runs in the epilogue of their first grouped GEMM, forward and
   backward, which also writes the block-scaled (MXFP8) copies the second GEMM reads: no activation kernel and no
   quantization of its input or of the first GEMM's output gradient (``layer_cost.elementwise_fwd``,
@@ -318,6 +325,7 @@ class Software:
     selective_alternate_matmuls: bool = False
     fused_norm: bool = False
     attention_unpad: bool = False
+    window_kernel: bool = False
     search_space: str = "meshplan"
     overlap_slowdown: float = 0.189
     cross_entropy: str = "upcast"
@@ -430,7 +438,7 @@ MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_g
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
                               fp8_param_gather=True, expert_tp=True, megatron_buckets=True,
-                              optimizer="fused")
+                              optimizer="fused", window_kernel=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

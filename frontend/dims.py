@@ -70,10 +70,24 @@ def dims_from_config(config: Any) -> ModelDims:
     if values["experts"]:  # Qwen-MoE: the experts' width has its own name
         values["ffn_hidden"] = _lookup(config, ("moe_intermediate_size",)) or values["ffn_hidden"]
     head_dim = _lookup(config, ("head_dim",))
+    window, windowed = _sliding_window(config)
     return ModelDims(family=_config_family(config, values), layers=values["layers"], hidden=hidden, heads=heads,
                      kv_heads=values["kv_heads"] or heads, ffn_hidden=values["ffn_hidden"] or 4 * hidden,
                      vocab=values["vocab"], experts=values["experts"] or 0, top_k=values["top_k"] or 0,
-                     head_dim=head_dim if isinstance(head_dim, int) and head_dim > 0 else 0)
+                     head_dim=head_dim if isinstance(head_dim, int) and head_dim > 0 else 0,
+                     attention_window=window, windowed_layers=windowed)
+
+
+def _sliding_window(config: Any) -> tuple[int, int]:
+    """(window, layers that use it) where the config names its layers' kinds: Hugging Face's ``layer_types``, one
+    "sliding_attention" or "full_attention" a layer (GPT-OSS, Gemma 2 and 3), with ``sliding_window`` their width.
+    (0, 0) otherwise: a bare ``sliding_window`` is not taken, since some families carry one they do not apply
+    (Qwen2's ``use_sliding_window`` defaults to False)."""
+    window, kinds = _lookup(config, ("sliding_window",)), _lookup(config, ("layer_types",))
+    if not isinstance(window, int) or window <= 0 or not isinstance(kinds, (list, tuple)):
+        return 0, 0
+    windowed = sum(1 for kind in kinds if kind == "sliding_attention")
+    return (window, windowed) if windowed else (0, 0)
 
 
 def _config_family(config: Any, values: Mapping[str, Any]) -> str:

@@ -131,6 +131,12 @@ class ModelDims:
     # (cost_model.summary finds them)
     matmul_scale: float = 1.0
     core_scale: float = 1.0
+    # sliding-window attention: ``windowed_layers`` of the layers let each query attend to the ``attention_window``
+    # positions up to it, not to the whole prefix (Hugging Face ``sliding_window`` and ``layer_types``: GPT-OSS
+    # alternates them with full attention, Gemma 3 runs five to one); a window-aware kernel skips the blocks outside
+    # the window (cost_model.flops.window_share, Software.window_kernel)
+    attention_window: int = 0
+    windowed_layers: int = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -796,3 +796,29 @@ def test_llm_foundry_s_flash_path_pays_its_unpad_gathers_and_pad_scatters() -> N
     paid, free = (lc.layer_cost(sh, Cluster.preset("h100-sxm")) for sh in (shape_on, shape_off))
     assert paid.fwd_compute_s - free.fwd_compute_s == pytest.approx(memory_time_s(accel, 5 * q + 4 * kv, 9))
     assert paid.bwd_compute_s - free.bwd_compute_s == pytest.approx(memory_time_s(accel, 5 * q + 6 * kv, 7))
+
+
+def test_a_window_aware_kernel_runs_the_windowed_layers_share_of_the_causal_attention() -> None:
+    """``flops.window_share``: a layer whose queries read w keys back executes s w - w^2 / 2 of the s^2 / 2 causal
+    pairs; with half the layers windowed the mean is 1/2 + 1/2 (2 w / s - (w / s)^2), and 1 once the window spans the
+    sequence. Megatron-Core's programs (window_size to Transformer Engine) price the attention core at that share;
+    meshplan's runtime (a mask over the whole sequence) and the unfused kernel at the full causal work."""
+    import importlib
+
+    from meshplan.cost_model.flops import window_share
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")
+    oss = ir.ModelDims(family="moe", layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088,
+                       experts=128, top_k=4, head_dim=64, attention_window=128, windowed_layers=18)
+    w, s = 128, 4096
+    assert window_share(oss, s) == pytest.approx(0.5 + 0.5 * (2 * w / s - (w / s) ** 2))
+    assert window_share(oss, 128) == 1.0 and window_share(dataclasses.replace(oss, windowed_layers=0), s) == 1.0
+    megatron = software_named("megatron-core-perf-recipes")
+    assert megatron.window_kernel and not software_named("meshplan").window_kernel
+    cluster = Cluster.preset("h100-sxm")
+    full = dataclasses.replace(oss, attention_window=0, windowed_layers=0)
+    for sw, share in ((megatron, window_share(oss, s)), (software_named("meshplan"), 1.0)):
+        windowed, plain = (lc.core_s(lc.LayerShape(dims=d, micro_batch=2, seq_len=s, software=sw), cluster)
+                           for d in (oss, full))
+        kernel_s = cluster.accelerator.kernel_overhead_s  # each pass's fixed cost does not shrink
+        assert windowed[0] - kernel_s == pytest.approx((plain[0] - kernel_s) * share)

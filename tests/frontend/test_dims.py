@@ -49,3 +49,18 @@ def test_dims_reject_a_config_missing_required_fields():
     model.config = {"hidden": 8}
     with pytest.raises(ir.UnsupportedModelError, match=r"lacks \['layers', 'heads', 'vocab'\]"):
         dims_of(model)
+
+
+def test_a_sliding_window_is_read_only_where_the_config_names_the_layers_that_use_it():
+    """``layer_types`` (GPT-OSS, Gemma) says which layers attend ``sliding_window`` positions back; a bare
+    ``sliding_window`` (Qwen2 carries one with ``use_sliding_window`` False) is not taken."""
+    from meshplan.frontend.dims import dims_from_config
+
+    base = dict(model_type="llama", num_hidden_layers=6, hidden_size=64, num_attention_heads=4, vocab_size=128)
+    gemma_like = dims_from_config(dict(base, sliding_window=512, layer_types=["sliding_attention"] * 5
+                                       + ["full_attention"]))
+    assert (gemma_like.attention_window, gemma_like.windowed_layers) == (512, 5)
+    bare = dims_from_config(dict(base, sliding_window=4096, use_sliding_window=False))
+    assert (bare.attention_window, bare.windowed_layers) == (0, 0)
+    full = dims_from_config(dict(base, sliding_window=512, layer_types=["full_attention"] * 6))
+    assert (full.attention_window, full.windowed_layers) == (0, 0)

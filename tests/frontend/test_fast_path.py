@@ -107,3 +107,5 @@ def test_hugging_face_gpt_oss_alternating_attention_takes_the_fast_path(monkeypa
     full = trace(model, batch=1, seq_len=16, fast=False)
     assert seen == [4, 6]
     _same_graph(fast, full)
+    # the config names each layer's kind: 3 of the 6 attend 8 positions back (ModelDims.attention_window)
+    assert (fast.dims.attention_window, fast.dims.windowed_layers) == (8, 3)
