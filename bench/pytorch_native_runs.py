@@ -11,7 +11,9 @@ selective (which the preset prices as torchtitan's policy: ``Software.selective_
 (``+fused-norm`` where its config used torchtitan's fused RMSNorm, the ``norm_type`` column). Printed per
 row: tokens/s per GPU measured and predicted, the error (predicted / measured - 1: positive is optimistic),
 and where the source gives it, the memory per GPU (torchtitan's max reserved) beside the predicted peak.
-Rows that ran torch.compile or Float8 are listed as not modeled: the cost model prices neither. The H100
+Rows that ran torch.compile or torchao's Float8 are estimated as ``torchtitan+compile`` and ``+float8`` (a float8
+plan), Table 2's context-parallel rows with their ``cp`` column; the row that ran asynchronous TP is listed as not
+modeled (the cost model does not price it). The H100
 rows ran on Grand Teton's 96 GB HBM2e H100 at a 500 W cap: their cluster file
 (``bench/data/clusters/grand-teton-h100-96gb.json``) has the memory, its 2.4 TB/s and the network their
 source states, and the 700 W H100's matmul rate (none at 500 W is published), so those rows are expected
@@ -46,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     errors, skipped = [], []
     for row in rows:
         built = torchtitan_plan(row)
-        label = f"{row['model']} {row['gpu_type'][:4]} dp{row['dp']} tp{row['tp']} lb{row['local_batch']}"
+        cp = f" cp{row['cp']}" if (row.get("cp") or "1").strip() not in ("", "1") else ""
+        label = (f"{row['model']} {row['gpu_type'][:4]} dp{row['dp']} tp{row['tp']}{cp} lb{row['local_batch']} "
+                 f"{row['extras']}").strip()
         if isinstance(built, str):
             skipped.append(f"{label}: {built}")
             continue

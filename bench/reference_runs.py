@@ -36,8 +36,9 @@ counts it (REFERENCE.md sec. 0):
 * torchtitan's FSDP2 runs (``docs/performance.md`` and ``benchmarks/llama3_h100_202412_torchtitan.md``, each
   its own source; ``torchtitan_run``, in torchtitan_runs.csv's columns, which ``pytorch_native_runs.py`` also
   prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the torchtitan preset
-  (meshplan's runtime's PyTorch stack with torchtitan's selective recompute). Rows that ran torch.compile or
-  Float8 are skipped.
+  (meshplan's runtime's PyTorch stack with torchtitan's selective recompute), with ``+compile`` and ``+float8``
+  where the row ran torch.compile or torchao's Float8 (the ``extras`` column; a plan in float8 for Float8) and
+  context parallelism where it has a ``cp`` column; the row that ran asynchronous TP is skipped.
 * MLPerf Training's LLM submissions, each round a publication: GPT-3 175B in v3.0 (training_results_v3.0 @63e326c:
   NVIDIA and CoreWeave on H100, 512 to 3,584 GPUs), v3.1 (@d06288b: NVIDIA's Eos and Azure on H100, 768 to 10,752
   GPUs), v4.0 (@6fe9543: NVIDIA's Eos on H100, 512 to 11,616 GPUs; its logs record no step time, so the steps are
@@ -415,9 +416,11 @@ def torchtitan_preset(row: dict[str, str]) -> str:
 def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:
     """The plan of a torchtitan_runs.csv row (FSDP over dp = ZeRO-3, TP with SP, the local batch as one
     micro-batch, its activation checkpointing), or why it is not modeled."""
-    if row["extras"].strip():
-        return f"ran {row['extras']}: the cost model prices neither torch.compile nor Float8"
+    extras = torchtitan_extras(row)
+    if isinstance(extras, str):
+        return extras
     gpus, dp, tp, lb = int(row["gpus"]), int(row["dp"]), int(row["tp"]), int(row["local_batch"])
+    cp = int(_cell(row, "cp") or 1)
     s, layers = int(row["seq_len"]), int(row["layers"])
     cfg = zoo.ModelConfig(family="llama", layers=layers, hidden=int(row["hidden"]), heads=int(row["heads"]),
                           kv_heads=int(row["kv_heads"]), ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
@@ -429,16 +432,35 @@ def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelCon
     else:
         cluster = Cluster.preset(torchtitan_preset(row), nodes=nodes, gpus_per_node=per_node)
     plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
-                   mesh=ir.Mesh(dp=dp, tp=tp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
-                   num_microbatches=1, recompute=torchtitan_recompute(row["activation_checkpointing"], layers))
+                   mesh=ir.Mesh(dp=dp, tp=tp, cp=cp), zero_stage=3, sequence_parallel=tp > 1, micro_batch_size=lb,
+                   num_microbatches=1, recompute=torchtitan_recompute(row["activation_checkpointing"], layers),
+                   dtype="float8" if "float8" in extras else "bfloat16")
     return plan, cluster, cfg
+
+
+# torchtitan's options a row may name in its ``extras`` cell (``+``-joined), each a modifier of the torchtitan
+# preset (cost_model.software.MODIFIERS): torch.compile of every block, torchao's Float8Linear (the plan in float8).
+# A row that ran another (asynchronous TP) is not modeled.
+TORCHTITAN_EXTRAS = ("compile", "float8")
+
+
+def torchtitan_extras(row: dict[str, str]) -> tuple[str, ...] | str:
+    """The ``extras`` a torchtitan_runs.csv row ran (``TORCHTITAN_EXTRAS``), or why the row is not modeled."""
+    extras = tuple(e for e in row["extras"].strip().split("+") if e)
+    unknown = [e for e in extras if e not in TORCHTITAN_EXTRAS]
+    if unknown:
+        known = ", ".join(TORCHTITAN_EXTRAS)
+        return f"ran {'+'.join(unknown)}: not one of the programs the cost model prices ({known})"
+    return extras
 
 
 def torchtitan_software(row: dict[str, str]) -> str:
     """The program of a torchtitan_runs.csv row: the torchtitan preset, with its fused Triton RMSNorm where the
     row's config set ``norm_type = "fused_rmsnorm"`` (the ``norm_type`` column, from the run's train_configs
     TOML: Llama 3 8B and Llama 2 13B @0413364; ``Software.fused_norm``)."""
-    return SOFTWARE["torchtitan"] + ("+fused-norm" if _cell(row, "norm_type") == "fused_rmsnorm" else "")
+    extras = torchtitan_extras(row)
+    return (SOFTWARE["torchtitan"] + ("+fused-norm" if _cell(row, "norm_type") == "fused_rmsnorm" else "")
+            + "".join(f"+{e}" for e in extras if not isinstance(extras, str)))
 
 
 def torchtitan_run(row: dict[str, str]) -> Run | str:
@@ -449,7 +471,10 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
     assumed = "the 500 W part's matmul rate unpublished: the 700 W H100's" if "96GB" in gpu else ""
-    label = f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']} tp{row['tp']}"[:38]
+    cp = int(_cell(row, "cp") or 1)
+    short = {"compile": "+compile", "float8": "+fp8"}
+    label = (f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']}" + (f" tp{row['tp']}" if row["tp"] != "1" else "")
+             + (f" cp{cp}" if cp > 1 else "") + "".join(short[e] for e in torchtitan_extras(row)))
     return Run(label=f"{label} @{row['gpus']}",
                source="torchtitan", software=torchtitan_software(row), publication=publication(row["source"]),
                hardware=torchtitan_preset(row), cfg=cfg, plan=plan, cluster=cluster, unit="tok",

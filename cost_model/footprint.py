@@ -69,7 +69,7 @@ def _per_layer(summary: ModelSummary, plan: Plan, software: Software) -> dict[st
     if eager:
         layer_bytes, common = eager_layer_bytes, dict(common, ep=mesh.ep, stream_fp32=stream_fp32,
                                                       alternate_matmuls=software.selective_alternate_matmuls,
-                                                      fused_norm=software.fused_norm)
+                                                      fused_norm=software.fused_norm, compiled=software.compiled)
     else:
         layer_bytes, common = layer_activation_bytes, dict(common, flash=software.attention == "flash",
                                                            dropout=software.drops_out(d.family),

@@ -181,6 +181,8 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     ffn = (m * d.ffn_hidden * ab / t if d.family != "moe"
            else expert_tokens(shape) * d.ffn_hidden * ab / expert_split(shape))
     masks = whole / 2 if shape.software.drops_out(d.family) else 0.0  # two 1-byte dropout masks
+    if shape.software.compiled:  # torch.compile: one kernel per pointwise chain between GEMMs (Software.compiled)
+        return _compiled_fwd(shape, whole, attn, kv, ffn, masks)
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
         return 4 * whole + 6 * whole + 2 * ffn + 2 * attn + 2 * masks, 6
@@ -195,6 +197,30 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     act = 0.0 if shape.software.fused_grouped_mlp else 5 * d.top_k * ffn  # experts' silu*up, else in the GEMM
     moved += act + 5 * routed + m * d.experts * 10  # gather, combine; router
     return moved, kernels + 12 + 4 * max(d.experts // shape.ep, 1)
+
+
+def _compiled_fwd(shape: LayerShape, whole: float, attn: float, kv: float, ffn: float,
+                  masks: float) -> tuple[float, int]:
+    """``elementwise_fwd`` of a block under ``Software.compiled``: each pointwise chain between two GEMMs (or the
+    fused attention) reads its inputs and writes its outputs once. The attention norm (r+w); rotary on q and k with
+    the grouped-query repeat of k and v in the same kernel (q r+w; k and v read at their width, written at q's), none
+    for GPT; the attention output's copy (r+w); the residual add fused with the MLP norm (2r+2w); the activation
+    (SwiGLU 2r+w, GELU r+w); the last residual add (2r+w); dropout's masks written by the kernels that apply them.
+    Under MoE the routed tokens' gather and combine stay as ``elementwise_fwd`` counts them (index kernels), the
+    experts' SwiGLU one kernel (2r+w) unless their grouped GEMM runs it (``Software.fused_grouped_mlp``)."""
+    d, ab = shape.dims, ACTIVATION_BYTES[shape.dtype]
+    moved, kernels = 9 * whole + 2 * attn + 2 * masks, 4
+    if d.family != "gpt":
+        moved += 2 * attn + (2 * kv + 2 * attn if kv < attn else 2 * kv)
+        kernels += 1
+    if d.family == "gpt":
+        return moved + 2 * ffn, kernels + 1
+    if d.family == "llama":
+        return moved + 3 * ffn, kernels + 1
+    routed = d.top_k * expert_tokens(shape) * d.hidden * ab
+    act = 0.0 if shape.software.fused_grouped_mlp else 3 * d.top_k * ffn
+    moved += act + 5 * routed + shape.tokens * d.experts * 10
+    return moved, kernels + 1 + 12 + 4 * max(d.experts // shape.ep, 1)
 
 
 def unpad_bytes(shape: LayerShape) -> tuple[float, int, float, int]:

@@ -136,7 +136,8 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False, alterna
 
 def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                       cp: int = 1, ep: int = 1, recompute: str = "none", dtype: str = "bfloat16",
-                      stream_fp32: bool = False, alternate_matmuls: bool = False, fused_norm: bool = False) -> float:
+                      stream_fp32: bool = False, alternate_matmuls: bool = False, fused_norm: bool = False,
+                      compiled: bool = False) -> float:
     """Bytes one layer keeps for its backward, per micro-batch, on one GPU, as autograd saves them for
     the zoo's eager modules under meshplan's runtime (``Software.eager_modules``): in ``dtype``
     (c bytes per element) under ``torch.autocast`` when it is 16-bit. ``stream_fp32``: the layer's
@@ -164,6 +165,10 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
     * with an fp32 stream, the c-byte copy of every matmul weight autocast made for this forward
       (the layer's share under TP and EP; autocast casts views such as an expert's slice each call).
 
+    Under ``torch.compile`` (``compiled``, ``Software.compiled``) the partitioner keeps a norm's input (as a fused
+    norm does) and recomputes SwiGLU's silu in the backward from w1's output: 3 of width f (w1's and w3's outputs,
+    the product w2 reads), not 4.
+
     Full recompute keeps the layer's input (r bytes); selective recompute (``matmul_save_units``) the
     matmul outputs (every other one and the attention output with ``alternate_matmuls``) and the input at r
     bytes. Measured against ``torch.autograd.graph.saved_tensors_hooks`` on the zoo's blocks
@@ -176,16 +181,17 @@ def eager_layer_bytes(dims: ModelDims, *, seq_len: int, micro_batch: int, tp: in
     if recompute == "full":
         return tokens * h * r / slice_div
     moe = dims.family == "moe"
-    norms = 2.0 * (r if fused_norm else _norm_saved_bytes(dims, r)) * h  # a fused norm keeps its input only
+    norms = 2.0 * (r if fused_norm or compiled else _norm_saved_bytes(dims, r)) * h  # a fused norm: its input only
+    swiglu = 3.0 if compiled else 4.0  # SwiGLU's saved tensors of width f (silu recomputed under compile)
     attn_in = (3.0 if stream_fp32 else 1.0) * c * h
     if dims.family == "gpt":
         mlp_in, mlp = c * h, 2.0 * f * c
     elif moe:
         k = dims.top_k
         mlp_in = c * h  # the router's input (its cast with an fp32 stream, else the norm's output)
-        mlp = k * ((2.0 if stream_fp32 else 1.0) * c * h + 4.0 * f * c + c * h + r * h) + 4.0 * dims.experts
+        mlp = k * ((2.0 if stream_fp32 else 1.0) * c * h + swiglu * f * c + c * h + r * h) + 4.0 * dims.experts
     else:
-        mlp_in, mlp = (2.0 if stream_fp32 else 1.0) * c * h, 4.0 * f * c
+        mlp_in, mlp = (2.0 if stream_fp32 else 1.0) * c * h, swiglu * f * c
     attn = 4.0 * q * c + 4.0 * dims.heads
     per_token = norms / slice_div + attn_in + mlp_in + attn / tp + (mlp if moe else mlp / tp)
     weights = 0.0  # the matmul weights autocast copies, this rank's share (router whole, experts over ep)

@@ -8,7 +8,10 @@ replicates across. torchtitan has no ZeRO-1. Pipeline chunks are listed in
 ``module_fqns_per_model_part`` (chunk c on pipeline rank c % pp, as in meshplan); torchtitan's
 ``local_batch_size`` is a data-parallel rank's batch per optimizer step under a pipeline (split into
 ``pipeline_parallel_microbatch_size`` micro-batches) and one micro-batch without one (the rest is
-gradient accumulation: ``global / (local * dp)`` steps, ``Trainer.__init__``).
+gradient accumulation: ``global / (local * dp)`` steps, ``Trainer.__init__``). A plan costed with torch.compile
+(``--software torchtitan+compile``) turns on ``[compile]``; a float8 plan converts the blocks' linears to torchao's
+Float8Linear with tensorwise scaling (``model.converters``, ``[quantize.linear.float8]``), keeping the output layer
+in bf16 as the cost model prices it.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ def unsupported(plan: Plan) -> list[str]:
                        "InterleavedZeroBubble and ZBVZeroBubble need at least 2 stages per rank)")
     if m.ep > 1 and m.ep != m.dp * m.cp and m.tp > 1:
         missing.append(f"ep({m.ep}) != dp*cp with tp({m.tp}) (torchtitan takes ep from dp_shard*cp, etp = 1 or tp)")
+    if plan.dtype == "float4":
+        missing.append("NVFP4 GEMMs (torchtitan's quantize converters run Float8 and MX formats)")
     kinds = recompute_kinds(plan)
     if Recompute.OFFLOAD in kinds:
         missing.append("activation offloading to host memory (torchtitan's activation_checkpoint has modes "
@@ -85,12 +90,18 @@ def sections(plan: Plan) -> dict[str, dict[str, object]]:
                    "context_parallel_degree": m.cp, "expert_parallel_degree": m.ep}
     if m.ep > 1:
         parallelism["expert_tensor_parallel_degree"] = 1
-    return {"job": {"description": f"meshplan: {plan.summary()}"},
-            "model": {"name": name, "flavor": flavor},
-            "training": {"local_batch_size": local, "global_batch_size": plan.global_batch, "seq_len": plan.seq_len,
-                         "mixed_precision_param": "bfloat16" if plan.dtype == "bfloat16" else "float32"},
-            "parallelism": parallelism,
-            "activation_checkpoint": _activation_checkpoint(plan)}
+    out = {"job": {"description": f"meshplan: {plan.summary()}"},
+           "model": {"name": name, "flavor": flavor},
+           "training": {"local_batch_size": local, "global_batch_size": plan.global_batch, "seq_len": plan.seq_len,
+                        "mixed_precision_param": "float32" if plan.dtype == "float32" else "bfloat16"},
+           "parallelism": parallelism,
+           "activation_checkpoint": _activation_checkpoint(plan)}
+    if "compile" in plan.software.split("+")[1:]:  # the plan was costed with torch.compile (Software.compiled)
+        out["compile"] = {"enable": True, "components": ["model", "loss"]}
+    if plan.dtype == "float8":  # torchao's Float8Linear, tensorwise, the output layer in bf16 as the cost model has it
+        out["model"]["converters"] = ["quantize.linear.float8"]
+        out["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+    return out
 
 
 def _value(v: object) -> str:

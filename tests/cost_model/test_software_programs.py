@@ -822,3 +822,56 @@ def test_a_window_aware_kernel_runs_the_windowed_layers_share_of_the_causal_atte
                            for d in (oss, full))
         kernel_s = cluster.accelerator.kernel_overhead_s  # each pass's fixed cost does not shrink
         assert windowed[0] - kernel_s == pytest.approx((plain[0] - kernel_s) * share)
+
+
+def test_torch_compile_fuses_each_pointwise_chain_between_gemms_into_one_kernel() -> None:
+    """``Software.compiled`` (``+compile``: torchtitan's per-block torch.compile): a Llama block's forward moves the
+    attention norm (r+w), rotary with the grouped-query repeat (q r+w, k and v read at kv width and written at q's),
+    the attention output's copy, the residual add fused with the MLP norm (2r+2w), SwiGLU (2r+w) and the last add
+    (2r+w) in 6 kernels, against the eager chains' 27; the backward twice that, as for every program; and the
+    activations it keeps lose nn.RMSNorm's fp32 tensors and SwiGLU's silu output (recomputed)."""
+    import importlib
+
+    from meshplan.cost_model.memory import eager_layer_bytes
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    b, s = 2, 8192
+    eager, compiled = software_named("torchtitan"), software_named("torchtitan+compile")
+    assert compiled.compiled and not eager.compiled and compiled.name == "torchtitan+compile"
+    whole, q, kv, f = (b * s * w * 2 for w in (4096, 4096, 1024, 14336))
+    moved, kernels = lc.elementwise_fwd(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=compiled))
+    assert moved == pytest.approx(9 * whole + 2 * q + (2 * q + 2 * kv + 2 * q) + 3 * f) and kernels == 6
+    plain = lc.elementwise_fwd(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=eager))
+    assert plain[0] > 1.5 * moved and plain[1] == 27
+    h100 = Cluster.preset("h100-sxm")
+    fast, slow = (layer_cost(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=sw), h100)
+                  for sw in (compiled, eager))
+    assert fast.fwd_compute_s < slow.fwd_compute_s and fast.bwd_compute_s < slow.bwd_compute_s
+    kept = {c: eager_layer_bytes(llama, seq_len=s, micro_batch=b, compiled=c) for c in (False, True)}
+    norms = eager_layer_bytes(llama, seq_len=s, micro_batch=b) - eager_layer_bytes(llama, seq_len=s, micro_batch=b,
+                                                                                   fused_norm=True)
+    assert kept[False] - kept[True] == pytest.approx(norms + s * b * 14336 * 2)
+    # GPT: no rotary, LayerNorms and GELU in 5 kernels
+    gpt = ir.ModelDims(family="gpt", layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192, vocab=50257)
+    g_moved, g_kernels = lc.elementwise_fwd(LayerShape(dims=gpt, micro_batch=1, seq_len=2048, software=compiled))
+    w, f = 2048 * 2048 * 2, 2048 * 8192 * 2
+    assert g_moved == pytest.approx(9 * w + 2 * w + 2 * f) and g_kernels == 5
+
+
+def test_float8_is_torchaos_tensorwise_scaling_on_the_layer_gemms() -> None:
+    """``+float8`` (torchao's Float8Linear, torchtitan's ``float8`` converter): the tensorwise dynamic scaling of
+    each GEMM operand, priced as current scaling (6 bytes an element, an amax pass before each cast); a float8 plan
+    under it runs the block GEMMs at the FP8 rate and leaves the output layer in bf16."""
+    from meshplan.cost_model.layer_cost import fp8_cast_bytes, matmul_s
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256)
+    fp8 = software_named("torchtitan+compile+float8")
+    assert fp8.fp8_recipe == "tensorwise" and fp8.compiled and software_named("torchtitan").fp8_recipe == "tensorwise"
+    shape = LayerShape(dims=llama, micro_batch=2, seq_len=8192, dtype="float8", software=fp8)
+    te = LayerShape(dims=llama, micro_batch=2, seq_len=8192, dtype="float8",
+                    software=software_named("megatron-core-perf-recipes"))
+    assert fp8_cast_bytes(shape) == fp8_cast_bytes(te)
+    h100 = Cluster.preset("h100-sxm")
+    bf16 = dataclasses.replace(shape, dtype="bfloat16")
+    assert matmul_s(shape, h100)[0] < 0.75 * matmul_s(bf16, h100)[0]

@@ -187,7 +187,8 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     recipes = dataclasses.replace(fp8, software="megatron-core-perf-recipes")
     assert megatron.parse(export(recipes, "megatron")).fp8_recipe == "tensorwise"
     from meshplan.cost_model.software import SOFTWARE  # the export's names are the presets priced that way
-    assert megatron.TENSORWISE_FP8_SOFTWARE == {n for n, s in SOFTWARE.items() if s.fp8_recipe == "tensorwise"}
+    assert megatron.TENSORWISE_FP8_SOFTWARE == {n for n, s in SOFTWARE.items()
+                                                if s.fp8_recipe == "tensorwise" and s.search_space == "megatron"}
     # +fp8-delayed: the same program with FP8 from an amax history (MLPerf v5.0's Llama 3.1 405B), Megatron's default
     delayed = dataclasses.replace(fp8, software="megatron-core-perf-recipes+fp8-delayed")
     assert megatron.parse(export(delayed, "megatron")).fp8_recipe is None
@@ -243,3 +244,22 @@ def test_a_software_name_s_modifiers_reach_megatron_as_flags_or_named_environmen
     delayed = dataclasses.replace(moe, software="megatron-core-2024+recompute-moe_act")
     with pytest.raises(ir.InvalidPlanError, match="delayed scaling"):
         export(delayed, "megatron")
+
+
+def test_torchtitan_export_turns_on_the_compile_and_float8_the_plan_was_costed_with(tmp_path):
+    """A plan costed as ``torchtitan+compile+float8`` (torchtitan's per-block torch.compile, torchao's Float8Linear)
+    is exported with ``[compile]`` on and the float8 converter on the blocks' linears (the output layer left in
+    bf16, as the cost model prices it); a bf16 plan of plain ``torchtitan`` with neither; NVFP4 is refused."""
+    import tomllib
+
+    p = _no_recompute(plan("zero3"))
+    fp8 = dataclasses.replace(p, software="torchtitan+compile+float8", dtype="float8")
+    cfg = tomllib.loads(export(fp8, "torchtitan"))
+    assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
+    assert cfg["model"]["converters"] == ["quantize.linear.float8"]
+    assert cfg["quantize"]["linear"]["float8"] == {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+    assert cfg["training"]["mixed_precision_param"] == "bfloat16"
+    plain = tomllib.loads(export(dataclasses.replace(p, software="torchtitan"), "torchtitan"))
+    assert "compile" not in plain and "converters" not in plain["model"] and "quantize" not in plain
+    with pytest.raises(ir.PlanError, match="NVFP4"):
+        export(dataclasses.replace(p, dtype="float4"), "torchtitan")
