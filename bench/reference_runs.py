@@ -410,7 +410,8 @@ def torchtitan_recompute(policy: str, layers: int) -> tuple[str, ...]:
 def torchtitan_preset(row: dict[str, str]) -> str:
     """The accelerator preset of a torchtitan_runs.csv row: its cluster's, or the one its cluster file
     (``GRAND_TETON``) derives from; the accelerator the leave-one-source-out factor is fitted for."""
-    return "a100-80gb" if row["gpu_type"].startswith("A100") else "h100-sxm"
+    gpu = row["gpu_type"]
+    return "a100-80gb" if gpu.startswith("A100") else "h200" if gpu.startswith("H200") else "h100-sxm"
 
 
 def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelConfig] | str:

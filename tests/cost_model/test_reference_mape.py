@@ -52,6 +52,8 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "mosaicml/llm-foundry scripts/train/benchmarking/README.md",
          # torchtitan's FSDP2 runs (bench/data/torchtitan_runs.csv), under the default preset
          "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
+         # Trainy's torchtitan runs on WhiteFiber's H200 (torch.compile + Float8), added with their pricing
+         "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",
          # MLPerf Training's GPT-3 175B (v3.0, v3.1, v4.1), Llama 3.1 405B (v5.0) and Llama 3.1 8B and 405B (v5.1)
          # submissions, each round a publication, added after the model was written
          "mlcommons/training_results_v3.0 MLPerf", "mlcommons/training_results_v3.1 MLPerf",
@@ -178,7 +180,7 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "torchtitan"
     bench, found, skipped = results
     runs = [r.run for r in found if r.run.source == "torchtitan"]
-    assert len(runs) == 19 and {r.unit for r in runs} == {"tok"}
+    assert len(runs) == 21 and {r.unit for r in runs} == {"tok"}
     assert {r.software for r in runs} == {"torchtitan", "torchtitan+fused-norm", "torchtitan+compile",
                                           "torchtitan+compile+float8"}
     assert all(r.plan.zero_stage == 3 and r.plan.num_microbatches == 1 for r in runs)
@@ -197,6 +199,9 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     h100 = [r for r in runs if "H100" in r.label]
     assert len(h100) == 11 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
                                   r.cluster.accelerator.memory_bytes == 96 * 2**30 for r in h100)
+    # Trainy's H200 rows on the h200 preset (a 700 W part: no power cap to leave unpriced)
+    h200 = [r for r in runs if "H200" in r.label]
+    assert len(h200) == 2 and all(r.hardware == "h200" and r.software == "torchtitan+compile+float8" for r in h200)
     table = bench.loso_table(found)
     assert "publication: pytorch/torchtitan docs/performance.md" in table
 
