@@ -408,6 +408,10 @@ def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
     if shape.software.selective_alternate_matmuls and shape.dims.family != "moe":  # torchtitan's policy: the
         selective += recomputed_matmuls_fwd_s(shape, cluster) - core_fwd  # attention output kept, half the matmuls not
+        if shape.tp > 1 and shape.sp:  # and the two norm outputs gathered again (memory.matmul_save_units)
+            act = shape.tokens * shape.dims.hidden * ACTIVATION_BYTES[shape.dtype]
+            selective += 2 * (collective_time("all-gather", act, shape.tp, 1, cluster)
+                              + cluster.accelerator.sync_overhead_s)
     return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
                      fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 

@@ -113,7 +113,10 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False, alterna
 
     ``alternate`` (torchtitan's op-level policy, ``Software.selective_alternate_matmuls``; dense blocks): only
     every other matmul's output in forward order (GPT: q, v, fc1; Llama: q, v, w1, w2), and the attention kernel's
-    output with its fp32 log-sum-exp per head, sharded by TP."""
+    output with its fp32 log-sum-exp per head, sharded by TP; of the collectives' outputs only the reduce-scatters'
+    (its ``_save_list``: aten.mm, the SDPA kernels, ``_c10d_functional.reduce_scatter_tensor``, abs and max;
+    torchtitan/parallelisms/parallelize_llama.py @9dec370): the gathered norm outputs are gathered again in the
+    backward (``layer_cost.layer_cost``'s selective time), an all-reduce's output recomputed too."""
     h, f, q = dims.hidden, dims.ffn_hidden, q_width(dims)
     if alternate and dims.family != "moe":
         kv = kv_width(dims)  # forward order as layer_cost.layer_matmuls lists them: (width, sharded by TP)
@@ -129,7 +132,9 @@ def matmul_save_units(dims: ModelDims, *, tp: int = 1, sp: bool = False, alterna
     else:
         sharded, row = q + 2.0 * kv_width(dims) + 2.0 * f, 2.0 * h
     elems = h / (tp if sp else 1) + row + sharded / tp
-    if tp > 1:
+    if tp > 1 and alternate and dims.family != "moe":
+        elems += 2.0 * h / tp if sp else 0.0  # torchtitan's list keeps the reduce-scatters' outputs only
+    elif tp > 1:
         elems += 2.0 * h + 2.0 * h / tp if sp else 2.0 * h
     return 2.0 * elems / h
 

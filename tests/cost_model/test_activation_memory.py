@@ -190,3 +190,38 @@ def test_recomputed_modules_free_what_megatron_discards_until_the_backward() -> 
     dense = _gpt(4096, 32, 32)
     assert layer_activation_bytes(dense, seq_len=s, micro_batch=b, recompute_modules=("layernorm",)) == (
         layer_activation_bytes(dense, seq_len=s, micro_batch=b))
+
+
+def test_torchtitans_op_policy_keeps_the_reduce_scatters_outputs_and_gathers_the_norm_outputs_again() -> None:
+    """torchtitan's op-level SAC saves aten.mm (every other), the SDPA kernels and the reduce-scatters' outputs, not
+    the all-gathers' (its ``_save_list`` @9dec370): under TP with SP a selective Llama layer keeps its input slice
+    (h/tp), w2's partial sums (h), wq's, wv's and w1's outputs and the attention output with its log-sum-exp (/tp)
+    and the two reduce-scatter outputs (h/tp each), not the two gathered norm outputs, which its backward gathers
+    again: two all-gathers more in the recomputation's time. meshplan's runtime's policy keeps both."""
+    import dataclasses
+
+    from meshplan.cost_model import Cluster, LayerShape, layer_cost, software_named
+    from meshplan.cost_model.collectives import collective_time
+    from meshplan.cost_model.layer_cost import matmul_s, recomputed_matmuls_fwd_s
+    from meshplan.cost_model.memory import matmul_save_units
+
+    llama = ir.ModelDims(family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                         vocab=128256)
+    h, t = 4096, 8
+    sharded = 4096 + 1024 + 14336 + 4096 + 2 * 32  # wq, wv, w1, the attention output, its fp32 lse
+    kept = h / t + h + sharded / t + 2 * h / t
+    assert matmul_save_units(llama, tp=t, sp=True, alternate=True) == pytest.approx(2 * kept / h)
+    runtime = h / t + 2 * h + (4096 + 2 * 1024 + 2 * 14336) / t + 2 * h + 2 * h / t  # + the two gathered tensors
+    assert matmul_save_units(llama, tp=t, sp=True) == pytest.approx(2 * runtime / h)
+    h100 = Cluster.preset("h100-sxm", nodes=1, gpus_per_node=8)
+    titan = software_named("torchtitan")
+    shape = LayerShape(dims=llama, micro_batch=2, seq_len=8192, tp=t, sp=True, software=titan)
+    regather = 2 * (collective_time("all-gather", 2 * 8192 * h * 2, t, 1, h100) + h100.accelerator.sync_overhead_s)
+
+    def without_gathers(sh):  # the rest of the recomputation: the unsaved pointwise work, the unsaved matmuls
+        cost = layer_cost(sh, h100)
+        return cost.fwd_compute_s - matmul_s(sh, h100)[0] - cost.core_fwd_s + recomputed_matmuls_fwd_s(sh, h100)
+
+    assert layer_cost(shape, h100).selective_fwd_s == pytest.approx(without_gathers(shape) + regather)
+    alone = dataclasses.replace(shape, tp=1, sp=False)
+    assert layer_cost(alone, h100).selective_fwd_s == pytest.approx(without_gathers(alone))

@@ -54,6 +54,8 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "pytorch/torchtitan docs/performance.md", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
          # Trainy's torchtitan runs on WhiteFiber's H200 (torch.compile + Float8), added with their pricing
          "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",
+         # the PyTorch team's async-TP benchmark (its vanilla-TP rows, bf16 and Float8 tensorwise), added with them
+         "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
          # MLPerf Training's GPT-3 175B (v3.0, v3.1, v4.1), Llama 3.1 405B (v5.0) and Llama 3.1 8B and 405B (v5.1)
          # submissions, each round a publication, added after the model was written
          "mlcommons/training_results_v3.0 MLPerf", "mlcommons/training_results_v3.1 MLPerf",
@@ -115,8 +117,8 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
              "plan not expressible: ep(", "architecture traced from its config, not traced in this run: deepseek-v3",
              "architecture traced from its config, not traced in this run: kimi-k2",
              "not scored: its publisher flags the number as a known regression",
-             "ran async-tp")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 = tp 2 x dp 16); torchtitan's
-    # run with asynchronous TP, which the cost model does not price
+             "ran async-tp", "ran float8-rowwise")  # Megatron's experts over tp x dp (Qwen3 235B on H100: ep 32 =
+    # tp 2 x dp 16); torchtitan's runs with asynchronous TP or rowwise Float8, which the cost model does not price
     for line in skipped:
         reason = line.split(": ", 2)[2]
         assert reason.startswith(known), line
@@ -180,7 +182,7 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     # the local batch as one micro-batch, "selective layer" as every second block recomputed, under "torchtitan"
     bench, found, skipped = results
     runs = [r.run for r in found if r.run.source == "torchtitan"]
-    assert len(runs) == 21 and {r.unit for r in runs} == {"tok"}
+    assert len(runs) == 25 and {r.unit for r in runs} == {"tok"}
     assert {r.software for r in runs} == {"torchtitan", "torchtitan+fused-norm", "torchtitan+compile",
                                           "torchtitan+compile+float8"}
     assert all(r.plan.zero_stage == 3 and r.plan.num_microbatches == 1 for r in runs)
@@ -190,14 +192,15 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     # FSDP over dp x cp, as torchtitan's dp_shard_cp mesh shards it: Table 2's 8B at 262,144 tokens on 8 GPUs
     longest = next(r for r in runs if r.plan.seq_len == 262144)
     assert (longest.plan.mesh.dp, longest.plan.mesh.cp, longest.plan.global_batch) == (1, 8, 1)
-    # asynchronous TP is no program the cost model prices: its row is listed, not guessed
-    assert sum("torchtitan_runs.csv" in line and "ran async-tp" in line for line in skipped) == 1
+    # asynchronous TP and rowwise Float8 are no programs the cost model prices: their rows are listed, not guessed
+    assert sum("torchtitan_runs.csv" in line and ": ran async-tp" in line for line in skipped) == 5
+    assert sum("torchtitan_runs.csv" in line and ": ran float8-rowwise" in line for line in skipped) == 4
     # torchtitan's fused Triton RMSNorm where the run's config set it (Llama 3 8B and Llama 2 13B @0413364)
     assert {r.label.split(" torchtitan")[0] for r in runs if r.software == "torchtitan+fused-norm"} == \
         {"Llama 3 8B", "Llama 2 13B"}
     # the H100 rows on the cluster file of their Grand Teton hosts: 96 GB of HBM2e at 2.4 TB/s, as their source says
     h100 = [r for r in runs if "H100" in r.label]
-    assert len(h100) == 11 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
+    assert len(h100) == 15 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
                                   r.cluster.accelerator.memory_bytes == 96 * 2**30 for r in h100)
     # Trainy's H200 rows on the h200 preset (a 700 W part: no power cap to leave unpriced)
     h200 = [r for r in runs if "H200" in r.label]
