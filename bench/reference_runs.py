@@ -179,6 +179,10 @@ GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 MLPERF_SOFTWARE = {"v3.0": "nemo-perf-recipes-2024+no-dropout", "v3.1": "nemo-perf-recipes-2024+no-dropout",
                    "v4.0": "nemo-perf-recipes-2024+no-dropout", "v4.1": "nemo-perf-recipes-2024+no-dropout",
                    "v5.0": "megatron-core-perf-recipes+fp8-delayed", "v5.1": "megatron-core-perf-recipes"}
+# AMD's v5.1 implementation on the MI355X and MI350X (AMD/benchmarks/llama31_8b/implementations/*_pytorch_llama3_8b:
+# NeMo 2's Megatron-Core on ROCm, Transformer Engine with hipBLASLt GEMMs and Composable Kernel attention, the
+# distributed optimizer gathering FP8 parameters) scales FP8 by delay (src/train.py: fp8 "hybrid", amax history 4)
+MLPERF_AMD_SOFTWARE = "megatron-core-perf-recipes+fp8-delayed"
 
 # What each source ran, beyond its plan (cost_model.software documents every field and its source).
 SOFTWARE = {
@@ -234,7 +238,7 @@ SOFTWARE = {
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
 HARDWARE = {"A100": "a100-80gb", "A100-40GB": "a100-40gb", "H100": "h100-sxm", "H200": "h200", "B200": "b200",
-            "GB200": "gb200-nvl72", "GB300": "gb300-nvl72", "B300": "b300"}
+            "GB200": "gb200-nvl72", "GB300": "gb300-nvl72", "B300": "b300", "MI355X": "mi355x", "MI350X": "mi350x"}
 
 # The cost model's dtype of a ``dtype`` cell (empty: bf16, what every row before the column ran). MXFP8 is
 # Blackwell's block-scaled FP8: FP8 GEMMs at the FP8 peak, so ``float8``; NVFP4 (Megatron-Bridge's
@@ -494,6 +498,8 @@ def software_of(source: str, row: dict[str, str]) -> str:
         return "llm-foundry-2024"
     if source == "foundry" and "FSDP mixed precision PURE" in row["notes"]:
         return "llm-foundry-2023-pure"  # the MP Mode column: gradients reduced in bf16
+    if source == "mlperf" and row["gpu_type"].startswith("MI"):
+        return MLPERF_AMD_SOFTWARE  # AMD's own implementation on its GPUs
     if source == "mlperf":
         return MLPERF_SOFTWARE[re.search(r"training_results_(v\d\.\d)", row["source"]).group(1)]
     if SOFTWARE[source] == "megatron-core-perf-recipes" and _cell(row, "ep_dispatcher") in ("hybridep", "deepep"):

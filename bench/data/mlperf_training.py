@@ -11,7 +11,9 @@ the global batch and sequence length the log states, and tokens/s per GPU = glob
 GPUs: the ``measured_tokens_per_s_per_gpu`` of its CSV row. Logs that record no step time (v4.0's) give it by their
 training blocks instead: each ``block_stop`` less its ``block_start`` (the training between two evaluations; the
 evaluation runs outside them) over the steps in the block (its ``epoch_count``, in tokens, over global batch x
-sequence), the median over every block of every log. The plan columns of each row come from the configuration
+sequence), the median over every block of every log. AMD's implementation logs a ``throughput`` in samples per
+second instead (its callbacks.py: the global batches of the train batches since the last record over their time):
+its step time is the global batch over it. The plan columns of each row come from the configuration
 named here (``config_*.sh``: TENSOR/PIPELINE/CONTEXT_PARALLEL, INTERLEAVED_PIPELINE, MICRO_BATCH_SIZE, MINIBS, FP8
 or FP4). Data tooling, not part of the package.
 """
@@ -115,6 +117,14 @@ ROWS = {
          "config_2xXE9680Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1_8b.sh"),
         ("Dell", "2xXE9685Lx8B200-SXM-180GB", "llama31_8b", 16, "config_XE9685Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1.sh"),
         ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
+        # AMD's implementation (NeMo 2 on ROCm with Transformer Engine; its logs give throughput in samples/s) on the
+        # MI355X and MI350X, and its MI355X configuration as Dell, Supermicro and GigaComputing submitted it (Cisco's
+        # MI350X entry names no configuration and is left out)
+        ("AMD", "MI355X_EPYC_9575F_pytorch", "llama31_8b", 8, "config_MI355X_1x8x1_8b.sh"),
+        ("AMD", "MI350X_EPYC_9575F_pytorch", "llama31_8b", 8, "config_MI350X_1x8x1_8b.sh"),
+        ("Dell", "XE9785L_8xMI355X", "llama31_8b", 8, "config_MI355X_1x8x1_8b.sh"),
+        ("Supermicro", "8xMI355X_2xEPYC_9575F", "llama31_8b", 8, "config_MI355X_1x8x1_8b.sh"),
+        ("GigaComputing", "G893-ZX1-AAX4_pytorch", "llama31_8b", 8, "config_MI355X_1x8x1_8b.sh"),
     ],
 }
 STEP_KEYS = ("train_step_time", "train_step_timing in s", "train_step_timing")  # v5.x, v4.1, v3.1
@@ -130,7 +140,7 @@ def reader(root: Path):
 
 def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, int, int]:
     """(median step s, global batch, sequence length, step records, logs) of one submission's result logs."""
-    steps, blocks, gbs, seq, logs = [], [], None, None, 0
+    steps, rates, blocks, gbs, seq, logs = [], [], [], None, None, 0
     for i in range(10):
         try:
             text = read(f"{org}/results/{system}/{bench}/result_{i}.txt")
@@ -144,12 +154,15 @@ def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, i
             value = rec["value"]
             if rec["key"] == "tracked_stats" and isinstance(value, dict):
                 steps += [value[k] for k in STEP_KEYS if k in value]
+                rates += [value["throughput"]] if "throughput" in value else []
             elif rec["key"] == "global_batch_size":
                 gbs = int(value)
             elif rec["key"] == "max_sequence_length":
                 seq = int(value)
             elif rec["key"] in ("block_start", "block_stop"):
                 blocks.append((rec["key"], rec["time_ms"], rec["metadata"].get("epoch_count")))
+    if not steps and rates:  # AMD's logs: samples per second over the batches since the last record
+        steps = [gbs / rate for rate in rates]
     if not steps:  # no step times logged: time the training blocks (module docstring)
         starts = [(t, n) for key, t, n in blocks if key == "block_start"]
         stops = [t for key, t, _ in blocks if key == "block_stop"]

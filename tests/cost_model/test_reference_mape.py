@@ -91,7 +91,7 @@ def test_rows_group_by_publication_not_by_table(results) -> None:
     assert bench.publication("Narayanan et al. SC'21 (arXiv:2104.04473) Table 1; x") == \
         bench.publication('"Narayanan et al. SC\'21 (arXiv:2104.04473) Table 2 (PTD-P)"')
     assert {r.run.hardware for r in found} == {"a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200-nvl72",
-                                                   "gb300-nvl72", "b300"}
+                                                   "gb300-nvl72", "b300", "mi355x", "mi350x"}
     # Megatron-Bridge's current page and its archive, every container's table, are one source
     assert len({bench.publication(row["source"]) for row in _rows(bench) if "Megatron-Bridge" in row["source"]}) == 1
 
@@ -225,7 +225,7 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
     does; and it is priced as its round's NeMo program (FP8 by delayed scaling before v5.1, GPT-3 without dropout)."""
     bench, found, _ = results
     rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_")]
-    assert len(rows) == 5 + 7 + 3 + 3 + 12 + 28
+    assert len(rows) == 5 + 7 + 3 + 3 + 12 + 28 + 5  # v5.1's AMD MI355X and MI350X rows last
     for row in rows:
         step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
         gpus, batch, seq = int(row["gpus"]), int(row["global_batch"]), int(row["seq_len"])
@@ -233,9 +233,13 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
         minibs = int(re.search(r"MINIBS (\d+)", row["notes"]).group(1))
         assert batch == minibs * int(row["dp"]), row["model"]
     scored = [r for r in found if r.run.source == "mlperf"]
-    assert len(scored) == len(rows) and {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm",
-                                                                              "h200", "b200", "b300"}
-    programs = {r.run.publication.split()[0][-4:]: bench.software_of_run(r.run) for r in scored}
+    assert len(scored) == len(rows)
+    assert {r.run.hardware for r in scored} == {"gb200-nvl72", "gb300-nvl72", "h100-sxm", "h200", "b200", "b300",
+                                                "mi355x", "mi350x"}
+    # AMD's implementation on its MI355X and MI350X scales FP8 by delay (its src/train.py: fp8 "hybrid")
+    amd = [r for r in scored if r.run.hardware.startswith("mi")]
+    assert len(amd) == 5 and {bench.software_of_run(r.run).fp8_recipe for r in amd} == {"delayed"}
+    programs = {r.run.publication.split()[0][-4:]: bench.software_of_run(r.run) for r in scored if r not in amd}
     assert {programs[v].fp8_recipe for v in ("v3.0", "v3.1", "v4.0", "v4.1", "v5.0")} == {"delayed"}
     assert programs["v5.1"].fp8_recipe == "tensorwise" and programs["v5.1"].attention_kernel == "cudnn"
     gpt3 = [r for r in scored if r.run.cfg.family == "gpt"]
