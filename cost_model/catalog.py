@@ -18,7 +18,10 @@ measurement) or, for a placeholder, that it is one. The keys::
                       kernel_overhead_s, compute_units, matmul_tile_elems (``hardware.Accelerator``), and
                       optionally attention_by_seq_len ([[sequence length, efficiency], ...], published),
                       cudnn_attention_by_seq_len ([[sequence length, forward efficiency, backward time
-                      over forward], ...]: cuDNN's fused attention, what Transformer Engine runs)
+                      over forward], ...]: cuDNN's fused attention, what Transformer Engine runs),
+                      cudnn_window_attention ([[window, head dim, forward efficiency, backward time over
+                      forward], ...]: its sliding-window kernel, measured), flops_per_exp (dense 16-bit
+                      tensor FLOPs per exponential of an SM: where softmax bounds the attention forward)
                       host_link_Bps (bytes/s each way between a GPU and host memory: what
                       offloaded activations cross; absent or 0: activations are never offloaded) and
                       host_memory_bytes (host memory per GPU, the node's DRAM over its GPUs: what
@@ -69,7 +72,8 @@ _KEYS = {
     "cluster": ("schema", "name", "description", "nodes", "gpus_per_node", "max_gpus_per_node", "accelerator",
                 "tiers"),
     "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
-                    "cudnn_attention_by_seq_len", "host_link_Bps", "host_memory_bytes"),
+                    "cudnn_attention_by_seq_len", "cudnn_window_attention", "flops_per_exp", "host_link_Bps",
+                    "host_memory_bytes"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -214,6 +218,11 @@ def _accelerator(data: Any, where: str) -> Accelerator:
     if "cudnn_attention_by_seq_len" in data:
         extra["cudnn_attention_by_seq_len"] = _pairs(data["cudnn_attention_by_seq_len"],
                                                      f"{where}.cudnn_attention_by_seq_len", width=3)
+    if "cudnn_window_attention" in data:
+        extra["cudnn_window_attention"] = _pairs(data["cudnn_window_attention"], f"{where}.cudnn_window_attention",
+                                                 width=4)
+    if "flops_per_exp" in data:
+        extra["flops_per_exp"] = _real(data["flops_per_exp"], f"{where}.flops_per_exp")
     if "host_link_Bps" in data:
         extra["host_link_Bps"] = _real(data["host_link_Bps"], f"{where}.host_link_Bps")
     if "host_memory_bytes" in data:
@@ -229,8 +238,9 @@ def _pairs(entry: Any, where: str, width: int = 2) -> tuple[tuple[float, ...], .
                                                         and math.isfinite(x) for x in p) for p in value)
     if not ok:
         shape = ", ".join(["number"] * width)
-        raise InvalidClusterError(f"{where}: value must be a list of 1 to 64 [{shape}] "
-                                  f"{'pairs' if width == 2 else 'triples'}, got {_short(repr(value))}")
+        kind = {2: "pairs", 3: "triples"}.get(width, f"{width}-tuples")
+        raise InvalidClusterError(f"{where}: value must be a list of 1 to 64 [{shape}] {kind}, "
+                                  f"got {_short(repr(value))}")
     return tuple(tuple(float(x) for x in p) for p in value)
 
 

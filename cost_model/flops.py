@@ -96,11 +96,20 @@ def window_share(dims: ModelDims, seq_len: float) -> float:
     pairs in all against the s^2 / 2 of a full causal mask, so 2 w / s - (w / s)^2 of them; 1 where the window spans
     the sequence. The attention core's time scales by it; its FLOP count (``attention_core_flops``, what the traced
     graph is checked against) does not."""
-    w, s = dims.attention_window, seq_len
-    if not w or not dims.windowed_layers or not dims.layers or w >= s:
-        return 1.0
-    part = min(dims.windowed_layers, dims.layers) / dims.layers
-    return 1.0 - part + part * (2.0 * w / s - (w / s) ** 2)
+    part = windowed_part(dims, seq_len)
+    return 1.0 - part + part * window_pair_share(dims.attention_window, seq_len) if part else 1.0
+
+
+def windowed_part(dims: ModelDims, seq_len: float) -> float:
+    """The share of the layers whose attention a window narrows at ``seq_len`` (0 where none does)."""
+    if not dims.attention_window or not dims.windowed_layers or not dims.layers or dims.attention_window >= seq_len:
+        return 0.0
+    return min(dims.windowed_layers, dims.layers) / dims.layers
+
+
+def window_pair_share(window: float, seq_len: float) -> float:
+    """A windowed layer's (query, key) pairs over a causal layer's: 2 w / s - (w / s)^2."""
+    return 2.0 * window / seq_len - (window / seq_len) ** 2
 
 
 def logits_forward_flops(dims: ModelDims, sequences: float, seq_len: int) -> float:

@@ -137,6 +137,14 @@ class Accelerator:
     # (what Transformer Engine runs: ``Software.attention_kernel == "cudnn"``), causal, bf16, head dim 128;
     # empty: the program's attention is costed as the default kernel's above
     cudnn_attention_by_seq_len: tuple[tuple[float, float, float], ...] = ()
+    # measured (window, head dim, forward efficiency, backward time over forward) of cuDNN's fused attention over a
+    # sliding window (its executed, windowed FLOPs over the peak): a short window runs a few key tiles per query
+    # tile, far below the full-sequence rate; empty: a windowed layer at the full kernel's rate
+    cudnn_window_attention: tuple[tuple[float, float, float, float], ...] = ()
+    # dense 16-bit tensor-core FLOPs an SM issues per exponential of its special function units (MUFU.EX2), at
+    # their peak rates: above 4 x head dim the attention forward's softmax, one exponential per (query, key) pair
+    # against 4 x head dim FLOPs, outlasts its matmuls (``attention_at``); 0: not known, no such bound
+    flops_per_exp: float = 0.0
     # bytes per second, each direction, between one GPU and host memory (PCIe, NVLink-C2C): what offloaded
     # activations cross; 0: none (a CPU rank's activations are already in host memory)
     host_link_Bps: float = 0.0
@@ -195,6 +203,14 @@ class Accelerator:
                    "(sequence length > 0, increasing; efficiency in (0, 1]) pairs")
         _set_curve(self, who, "cudnn_attention_by_seq_len", lambda n, e, ratio: n > 0 and 0 < e <= 1 and ratio > 0,
                    "(sequence length > 0, increasing; forward efficiency in (0, 1]; backward ratio > 0) triples")
+        object.__setattr__(self, "cudnn_window_attention", tuple(tuple(r) for r in self.cudnn_window_attention))
+        for point in self.cudnn_window_attention:
+            if len(point) != 4 or not (point[0] > 0 and point[1] > 0 and 0 < point[2] <= 1 and point[3] > 0):
+                raise InvalidClusterError(f"{who}: cudnn_window_attention needs (window > 0, head dim > 0, efficiency "
+                                          f"in (0, 1], backward ratio > 0) points, got {point!r}")
+        if not (math.isfinite(self.flops_per_exp) and self.flops_per_exp >= 0):
+            raise InvalidClusterError(f"{who}: flops_per_exp must be a finite number >= 0 (0: not known), "
+                                      f"got {self.flops_per_exp!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -205,7 +221,8 @@ class Accelerator:
             self.shared_by, self.matmul_bwd_efficiency, self.dispatch_s, self.dtensor_dispatch_s,
             self.sync_overhead_s, self.fsdp_unit_s, self.tp_style_fwd_s, self.tp_style_bwd_s,
             self.transcendental_s_per_elem, self.first_touch_s_per_byte,
-            self.attention_by_head_dim, self.attention_by_seq_len, self.cudnn_attention_by_seq_len)))
+            self.attention_by_head_dim, self.attention_by_seq_len, self.cudnn_attention_by_seq_len,
+            self.cudnn_window_attention, self.flops_per_exp)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -226,20 +243,46 @@ class Accelerator:
         return self.peak(dtype) * self.matmul_efficiency[dtype]
 
     def attention_at(self, head_dim: float | None, seq_len: float | None = None,
-                     kernel: str = "fa2") -> tuple[float, float]:
+                     kernel: str = "fa2", pair_dim: float | None = None) -> tuple[float, float]:
         """(efficiency, backward time over forward) of the fused attention at ``head_dim``: linear in
         log2(head dim) between the measured ones, the nearest beyond them; else, for ``kernel`` "cudnn" where
         the accelerator has cuDNN's published curve, linear in log2(``seq_len``) on it (the nearest end beyond
         it); else, where the accelerator has a published curve of its default kernel by sequence length, the
         same on that one with a backward of 2.5 forwards; else ``attention_efficiency`` and 2.5
-        (``kernels.attention_fwd_bwd_s``)."""
+        (``kernels.attention_fwd_bwd_s``); the last three with the forward slowed where the softmax bounds it at
+        ``pair_dim`` (``softmax_bound``; ``head_dim`` where not given)."""
         if self.attention_by_head_dim and head_dim:
             return _on_log2_curve(self.attention_by_head_dim, head_dim)
+        softmax = self.softmax_bound(pair_dim or head_dim)
         if kernel == "cudnn" and self.cudnn_attention_by_seq_len and seq_len:
-            return _on_log2_curve(self.cudnn_attention_by_seq_len, seq_len)
+            eff, ratio = _on_log2_curve(self.cudnn_attention_by_seq_len, seq_len)
+            return eff * softmax, ratio * softmax  # the backward's time unchanged (softmax_bound)
         if self.attention_by_seq_len and seq_len:
-            return _on_log2_curve(self.attention_by_seq_len, seq_len)[0], 2.5
-        return self.attention_efficiency, 2.5
+            return _on_log2_curve(self.attention_by_seq_len, seq_len)[0] * softmax, 2.5 * softmax
+        return self.attention_efficiency * softmax, 2.5 * softmax
+
+    def softmax_bound(self, head_dim: float | None) -> float:
+        """The share of the measured (head dim 128) fused-attention forward rate a kernel keeps at ``head_dim`` where
+        the softmax's exponentials bound it: a (query, key) pair costs 4 x head dim matmul FLOPs and one exponential,
+        so the forward runs at 4d / max(4d, R) of the tensor-core rate, R = ``flops_per_exp``; relative to head dim
+        128, at most 1 (what else bounds the kernel is in the measured rate). On Blackwell (R 512: 8192 dense BF16
+        FLOPs and 16 exponentials per SM per clock, Zadouri et al. 2026, FlashAttention-4, arXiv:2603.05451) head dim
+        64 halves the forward's rate; on Hopper (R 256) and Blackwell Ultra (R 256: its special function units run
+        MUFU.EX2 at twice Blackwell's rate, NVIDIA technical blog 'Making Softmax More Efficient with NVIDIA Blackwell
+        Ultra', 2026) it does not. The backward, which recomputes the same exponentials under 10 x head dim FLOPs
+        (five matmuls), is bound by the matmuls and shared memory, not the exponentials: its time stays."""
+        if not self.flops_per_exp or not head_dim:
+            return 1.0
+        rate = lambda d: 4.0 * d / max(4.0 * d, self.flops_per_exp)  # noqa: E731
+        return min(1.0, rate(head_dim) / rate(128.0))
+
+    def window_attention_at(self, window: float, head_dim: float) -> tuple[float, float] | None:
+        """(forward efficiency, backward time over forward) of cuDNN's sliding-window attention measured at this
+        ``window`` and ``head_dim`` (``cudnn_window_attention``), or None where it was not."""
+        for w, d, eff, ratio in self.cudnn_window_attention:
+            if w == window and d == head_dim:
+                return eff, ratio
+        return None
 
     def transcendental_s(self, op: str, elems: float) -> float | None:
         """Measured seconds of ``op`` over ``elems`` elements, or None where it was not measured."""

@@ -126,15 +126,19 @@ def unquantized_dtype(accel: Accelerator, dtype: str) -> str:
 
 def attention_fwd_bwd_s(accel: Accelerator, dtype: str, counted_flops: float,
                         causal: bool = True, head_dim: float | None = None, speed: float = 1.0,
-                        seq_len: float | None = None, kernel: str = "fa2") -> tuple[float, float]:
+                        seq_len: float | None = None, kernel: str = "fa2",
+                        pair_dim: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of a fused attention core whose forward counts ``counted_flops``
     (4*b*s_q*s_k*h, causal counted as full), with heads ``head_dim`` wide: at the efficiency and
     backward ratio measured at that head dim where the accelerator has them (``Accelerator.attention_at``);
     ``speed``: the program's kernel's rate over the one the accelerator measured (``Software.attention_speed``);
     ``seq_len``: the length one kernel call runs over (its queries), for an accelerator's curve by length;
-    ``kernel``: the program's fused-attention kernel, "fa2" or "cudnn" (``Software.attention_kernel``)."""
+    ``kernel``: the program's fused-attention kernel, "fa2" or "cudnn" (``Software.attention_kernel``);
+    ``pair_dim``: a quarter of the matmul FLOPs a (query, key) pair costs per head, where the softmax's exponentials
+    may bound the forward (``Accelerator.softmax_bound``): the head dim, or e.g. (192 + 128) / 2 for MLA's q/k and v
+    heads; ``head_dim`` where not given."""
     compute_dtype = unquantized_dtype(accel, dtype)
     executed = counted_flops * (0.5 if causal else 1.0)
-    efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len, kernel)
+    efficiency, bwd_ratio = accel.attention_at(head_dim, seq_len, kernel, pair_dim=pair_dim)
     fwd = executed / (accel.peak(compute_dtype) * efficiency * speed) + accel.kernel_overhead_s
     return fwd, bwd_ratio * fwd

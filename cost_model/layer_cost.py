@@ -73,7 +73,7 @@ from functools import lru_cache
 
 from ..ir.graph import ModelDims
 from .collectives import bus_bytes, collective_time, deduplicated_all_to_all_time
-from .flops import attention_core_flops, kv_width, q_width, window_share
+from .flops import attention_core_flops, kv_width, q_width, window_pair_share, window_share, windowed_part
 from .hardware import Cluster
 from .dispatch import (SEPARATE_INPUT_GRADS, dispatch_s as dispatches_s, edge_dispatches, layer_dispatches,
                        runs_dtensor_styles, runs_loss_parallel)
@@ -315,11 +315,23 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
                                          elem_bytes=ACTIVATION_BYTES[shape.dtype], dropout=shape.software.drops_out(d.family))
         return f * d.core_scale, b * d.core_scale  # core_scale: the traced block's attention where the shapes miss it
     # a window-aware kernel skips the blocks outside a sliding window (Software.window_kernel, flops.window_share)
-    share = window_share(d, shape.seq_len) if shape.software.window_kernel else 1.0
-    core_flops = attention_core_flops(d, shape.micro_batch, shape.seq_len) * share / shape.cp / shape.tp
-    return attention_fwd_bwd_s(accel, shape.dtype, core_flops, head_dim=d.head_dim,
-                               speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
-                               kernel=shape.software.attention_kernel)
+    full = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
+    part = windowed_part(d, shape.seq_len) if shape.software.window_kernel else 0.0
+    measured = accel.window_attention_at(d.attention_window, d.head_dim) if part else None
+    if measured is None:  # a windowed layer at the full kernel's rate on its share of the pairs
+        share = window_share(d, shape.seq_len) if shape.software.window_kernel else 1.0
+        return attention_fwd_bwd_s(accel, shape.dtype, full * share, head_dim=d.head_dim,
+                                   speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
+                                   kernel=shape.software.attention_kernel, pair_dim=d.head_dim * d.core_scale)
+    # cuDNN's window kernel at its measured rate (Accelerator.cudnn_window_attention) for the windowed layers' share:
+    # its executed pairs, s w - w^2 / 2 of a causal layer's s^2 / 2, at the efficiency it reached over them
+    fwd, bwd = attention_fwd_bwd_s(accel, shape.dtype, full * (1.0 - part), head_dim=d.head_dim,
+                                   speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
+                                   kernel=shape.software.attention_kernel, pair_dim=d.head_dim * d.core_scale)
+    eff, ratio = measured
+    executed = 0.5 * full * part * window_pair_share(d.attention_window, shape.seq_len)
+    window_fwd = executed / (accel.peak(unquantized_dtype(accel, shape.dtype)) * eff) + accel.kernel_overhead_s
+    return fwd + window_fwd, bwd + ratio * window_fwd
 
 
 def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float]:

@@ -233,7 +233,10 @@ Fields:
   flash`` takes; its Triton kernel (``attn_impl triton``) runs on the padded tensors. Priced as memory-bound passes
   (``layer_cost.unpad_bytes``); the host syncs of ``unpad_input`` (``torch.nonzero``, ``.item()``) are not.
 * ``window_kernel``: the program's fused attention skips the blocks outside a layer's sliding window
-  (``ModelDims.attention_window``; ``flops.window_share`` of the causal work remains). Megatron-Core hands
+  (``ModelDims.attention_window``; ``flops.window_share`` of the causal work remains), at the rate cuDNN's window
+  kernel reached where the accelerator has it measured at that window and head dim
+  (``Accelerator.cudnn_window_attention``: a short window runs a few key tiles per query tile, far below the full
+  kernel's rate), else at the full kernel's. Megatron-Core hands
   ``TransformerConfig.window_size`` to Transformer Engine's ``DotProductAttention``, whose cuDNN (FusedAttention) and
   FlashAttention backends take it as a band (TransformerEngine PR #1212, 2024: cuDNN's window made to match flash's);
   Megatron-Bridge's GPT-OSS bridge sets it to (sliding_window - 1, 0) on every other layer

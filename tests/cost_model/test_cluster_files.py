@@ -371,6 +371,9 @@ def _h100_numbers() -> dict:
     ("cudnn_attention_by_seq_len", [[2048, 0.5]], "triples"),
     ("cudnn_attention_by_seq_len", [[2048, 0.5, 3.0], [1024, 0.4, 3.0]], "increasing"),
     ("cudnn_attention_by_seq_len", [[2048, 0.5, -1.0]], "backward ratio > 0"),
+    ("cudnn_window_attention", [[128, 64, 0.06]], "4-tuples"),
+    ("cudnn_window_attention", [[128, 64, 1.5, 2.2]], "efficiency in"),
+    ("flops_per_exp", -256.0, ">= 0"), ("flops_per_exp", "many", "finite number"),
     ("host_link_Bps", -1.0, ">= 0"), ("host_link_Bps", "fast", "finite number"),
     ("host_link_Bps", float("inf"), "finite"), ("host_memory_bytes", -1.0, ">= 0"),
     ("host_memory_bytes", "big", "finite number")])

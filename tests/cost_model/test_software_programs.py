@@ -875,3 +875,46 @@ def test_float8_is_torchaos_tensorwise_scaling_on_the_layer_gemms() -> None:
     h100 = Cluster.preset("h100-sxm")
     bf16 = dataclasses.replace(shape, dtype="bfloat16")
     assert matmul_s(shape, h100)[0] < 0.75 * matmul_s(bf16, h100)[0]
+
+
+def test_blackwells_exponentials_bound_a_head_dim_64_forward_and_a_short_window_runs_at_its_measured_rate() -> None:
+    """``Accelerator.softmax_bound``: a (query, key) pair costs 4 x head dim matmul FLOPs and one exponential, so at
+    8192 dense BF16 FLOPs per 16 exponentials (Blackwell: R 512) head dim 64 halves the forward's measured (head dim
+    128) rate and leaves the backward's time; Hopper and Blackwell Ultra (R 256) keep it, and so do MLA's heads, whose
+    pair costs 2 x 192 + 2 x 128. ``Accelerator.cudnn_window_attention``: the windowed layers of GPT-OSS (128 back,
+    head dim 64) run at the rate cuDNN's benchmark measured on GB200, 161 TFLOP/s forward, not at the full kernel's on
+    their share of the pairs; a window it did not measure stays on that share."""
+    import importlib
+
+    from meshplan.cost_model.flops import attention_core_flops, window_pair_share
+    from meshplan.cost_model.kernels import attention_fwd_bwd_s
+
+    lc = importlib.import_module("meshplan.cost_model.layer_cost")
+    gb200, gb300, h100 = (Cluster.preset(n).accelerator for n in ("gb200-nvl72", "gb300-nvl72", "h100-sxm"))
+    assert (gb200.flops_per_exp, gb300.flops_per_exp, h100.flops_per_exp) == (512, 256, 256)
+    assert gb200.softmax_bound(64) == 0.5 and gb200.softmax_bound(128) == gb200.softmax_bound(160) == 1.0
+    assert gb300.softmax_bound(64) == h100.softmax_bound(64) == 1.0 and Cluster.preset("a100-80gb").accelerator \
+        .softmax_bound(64) == 1.0  # no rate published: no bound
+    flops = 4.0 * 4 * 4096**2 * 4096
+    f64, b64 = attention_fwd_bwd_s(gb200, "bfloat16", flops, head_dim=64, seq_len=4096, kernel="cudnn")
+    f128, b128 = attention_fwd_bwd_s(gb200, "bfloat16", flops, head_dim=128, seq_len=4096, kernel="cudnn")
+    mla = attention_fwd_bwd_s(gb200, "bfloat16", flops, head_dim=64, seq_len=4096, kernel="cudnn", pair_dim=160)
+    kernel_s = gb200.kernel_overhead_s
+    assert f64 - kernel_s == pytest.approx(2 * (f128 - kernel_s))
+    assert b64 == pytest.approx(b128 / f128 * 0.5 * f64) and b64 == pytest.approx(b128, rel=1e-2)  # the same backward
+    assert mla == pytest.approx((f128, b128))
+    oss = ir.ModelDims(family="moe", layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088,
+                       experts=128, top_k=4, head_dim=64, attention_window=128, windowed_layers=18)
+    megatron = software_named("megatron-core-perf-recipes")
+    shape = lc.LayerShape(dims=oss, micro_batch=4, seq_len=4096, software=megatron)
+    full = attention_core_flops(oss, 4, 4096)
+    half_f, half_b = attention_fwd_bwd_s(gb200, "bfloat16", full * 0.5, head_dim=64, seq_len=4096, kernel="cudnn",
+                                         pair_dim=64)
+    window_f = 0.5 * full * 0.5 * window_pair_share(128, 4096) / (2500e12 * 0.0644) + kernel_s
+    got = lc.core_s(shape, Cluster.preset("gb200-nvl72"))
+    assert got == pytest.approx((half_f + window_f, half_b + 2.214 * window_f))
+    # H100's measured window is cuDNN's at 1024 (H200's benchmark): GPT-OSS's 128 stays at the full kernel's rate
+    h100_cluster = Cluster.preset("h100-sxm")
+    expected = attention_fwd_bwd_s(h100, "bfloat16", full * lc.window_share(oss, 4096), head_dim=64, seq_len=4096,
+                                   kernel="cudnn", pair_dim=64)
+    assert lc.core_s(shape, h100_cluster) == pytest.approx(expected)
