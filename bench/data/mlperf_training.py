@@ -117,6 +117,12 @@ ROWS = {
          "config_2xXE9680Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1_8b.sh"),
         ("Dell", "2xXE9685Lx8B200-SXM-180GB", "llama31_8b", 16, "config_XE9685Lx8B200-SXM-180GB_2x8x2xtp1pp1cp1.sh"),
         ("Dell", "1xXE9780x8B300-SXM-270GB", "llama31_8b", 8, "config_XE9780x8B300-SXM-270GB_1x8x2xtp1pp1cp1_8b.sh"),
+        # Lenovo's three single-node systems share one configuration (NVFP4); Oracle's 8 BM.GPU.B200.8 hosts (OCI's
+        # RoCE cluster network) the only 8-node one of its directory
+        ("Lenovo", "SR780aV3-8xB200_SXM_180GB", "llama31_8b", 8, "config_SR780aV3_SR680aV3_SR680aV4.sh"),
+        ("Lenovo", "SR680aV3-8xB200_SXM_180GB", "llama31_8b", 8, "config_SR780aV3_SR680aV3_SR680aV4.sh"),
+        ("Lenovo", "SR680aV4-8xB300_SXM", "llama31_8b", 8, "config_SR780aV3_SR680aV3_SR680aV4.sh"),
+        ("Oracle", "8xBM.GPU.B200.8", "llama31_8b", 64, "config_DGXB200_8x8x1xtp1pp1cp2_8b.sh"),
         # AMD's implementation (NeMo 2 on ROCm with Transformer Engine; its logs give throughput in samples/s) on the
         # MI355X and MI350X, and its MI355X configuration as Dell, Supermicro and GigaComputing submitted it (Cisco's
         # MI350X entry names no configuration and is left out)
@@ -141,9 +147,10 @@ def reader(root: Path):
 def measure(read, org: str, system: str, bench: str) -> tuple[float, int, int, int, int]:
     """(median step s, global batch, sequence length, step records, logs) of one submission's result logs."""
     steps, rates, blocks, gbs, seq, logs = [], [], [], None, None, 0
-    for i in range(10):
+    names = [f"result_{i}.txt" for i in range(10)] + [f"result_{i:02d}.txt" for i in range(1, 11)]  # Lenovo: 01-10
+    for name in names:
         try:
-            text = read(f"{org}/results/{system}/{bench}/result_{i}.txt")
+            text = read(f"{org}/results/{system}/{bench}/{name}")
         except (OSError, subprocess.CalledProcessError):
             continue
         logs += 1

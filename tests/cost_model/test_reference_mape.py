@@ -127,7 +127,7 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
     assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
     # NVFP4 rows (Megatron-Bridge's GB200/GB300 Llama tables, MLPerf's FP4 submissions) are priced in float4
     nvfp4 = [r for r in found if "NVFP4" in r.run.label]
-    assert len(nvfp4) == 18 + 7 and {r.run.plan.dtype for r in nvfp4} == {"float4"}
+    assert len(nvfp4) == 18 + 7 + 3 and {r.run.plan.dtype for r in nvfp4} == {"float4"}  # + Lenovo's three
 
 
 def test_a_moe_row_with_its_own_head_width_is_costed_as_published(results) -> None:
@@ -225,7 +225,7 @@ def test_mlperf_rows_state_the_step_their_throughput_comes_from_and_run_their_ro
     does; and it is priced as its round's NeMo program (FP8 by delayed scaling before v5.1, GPT-3 without dropout)."""
     bench, found, _ = results
     rows = [r for r in _rows(bench) if r["source"].startswith("mlcommons/training_results_")]
-    assert len(rows) == 5 + 7 + 3 + 3 + 12 + 28 + 5  # v5.1's AMD MI355X and MI350X rows last
+    assert len(rows) == 5 + 7 + 3 + 3 + 12 + 28 + 4 + 5  # v5.1's Lenovo and Oracle rows, then AMD's
     for row in rows:
         step = float(re.search(r"iteration_time_s=([\d.]+)", row["notes"]).group(1))
         gpus, batch, seq = int(row["gpus"]), int(row["global_batch"]), int(row["seq_len"])
