@@ -33,25 +33,31 @@ counts it (REFERENCE.md sec. 0):
   (``palm_flops``: 6N + 12*L*h*s per token);
 * MosaicML llm-foundry's MPT benchmarks (``scripts/train/benchmarking/README.md``): Throughput (T/s/GPU),
   compared as tokens/s per GPU;
-* torchtitan's FSDP2 runs (``docs/performance.md`` and ``benchmarks/llama3_h100_202412_torchtitan.md``, each
-  its own source; ``torchtitan_run``, in torchtitan_runs.csv's columns, which ``pytorch_native_runs.py`` also
-  prints with the measured memory): WPS per GPU, compared as tokens/s per GPU, under the torchtitan preset
-  (meshplan's runtime's PyTorch stack with torchtitan's selective recompute), with ``+compile`` and ``+float8``
-  where the row ran torch.compile or torchao's Float8 (the ``extras`` column; a plan in float8 for Float8) and
-  context parallelism where it has a ``cp`` column; the row that ran asynchronous TP is skipped.
+* torchtitan's FSDP2 runs (``docs/performance.md``, ``benchmarks/llama3_h100_202412_torchtitan.md``, the PyTorch
+  team's ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` and Trainy's
+  ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md``, each its own source; ``torchtitan_run``, in
+  torchtitan_runs.csv's columns, which ``pytorch_native_runs.py`` also prints with the measured memory): WPS per GPU,
+  compared as tokens/s per GPU, under the torchtitan preset (meshplan's runtime's PyTorch stack with torchtitan's
+  selective recompute), with ``+compile`` and ``+float8`` where the row ran torch.compile or torchao's Float8
+  (the ``extras`` column; a plan in float8 for Float8) and context parallelism where it has a ``cp`` column; the
+  rows that ran asynchronous TP or rowwise Float8 are skipped (added in one session, with their pricing: first
+  prediction +13% to +79% on Grand Teton's 500 W H100s, +14% and +16% on Trainy's H200s).
 * MLPerf Training's LLM submissions, each round a publication: GPT-3 175B in v3.0 (training_results_v3.0 @63e326c:
   NVIDIA and CoreWeave on H100, 512 to 3,584 GPUs), v3.1 (@d06288b: NVIDIA's Eos and Azure on H100, 768 to 10,752
   GPUs), v4.0 (@6fe9543: NVIDIA's Eos on H100, 512 to 11,616 GPUs; its logs record no step time, so the steps are
   timed by training blocks) and v4.1 (@b87b9e3: NVIDIA on H100 and a B200 preview), Llama 3.1 405B in v5.0
   (@0fdc28f: NVIDIA on H100 up to 8,192 GPUs and GB200, CoreWeave on GB200 up to 2,496) and Llama 3.1 8B and 405B in
-  v5.1 (@441d65f4: NVIDIA on GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda
-  and the University of Florida on B200 and B300): tokens/s per GPU = the logged global batch x sequence over the
+  v5.1 (@441d65f4: NVIDIA on GB200 and GB300 up to 5,120 GPUs, Nebius and HPE on H200, Cisco on H100, Dell, Verda,
+  Lenovo, Oracle (on OCI's RoCE network) and the University of Florida on B200 and B300, and AMD's implementation on
+  AMD's, Dell's, Supermicro's and GigaComputing's MI355X and AMD's MI350X, whose logs give samples/s,
+  ``MLPERF_AMD_SOFTWARE``): tokens/s per GPU = the logged global batch x sequence over the
   median train step time of every result log of the submission, over its GPUs (``bench/data/mlperf_training.py``
   prints them from a clone of each round's results repository), under the plan of the launch config its README
   names, or the only config of its implementation directory with its node count and global batch (submissions whose
   config is ambiguous, FP8 or FP4, and v4.1's 11,616-GPU entry, whose logs are v4.0's submission's, are left out),
   and its round's program (``MLPERF_SOFTWARE``). Added after the model was written; their first prediction, before
-  anything was changed for them: v5.1 MAPE 15.7% (+15.4%) over 28 rows, v5.0 16.0% (+16.0%) over 12, v4.1 5.5%
+  anything was changed for them: v5.1 MAPE 15.7% (+15.4%) over 28 rows (and later its AMD rows: MI355X -5.5% to
+  +1.8%, MI350X +9.1%; Lenovo's and Oracle's +9.2% to +12.7%), v5.0 16.0% (+16.0%) over 12, v4.1 5.5%
   (+5.5%) over 3, v4.0 6.4% (+6.4%) over 3 (added later still, in the session that added the ``cuda_graphs``
   column), v3.1 12.1% (+12.1%) over 7, v3.0 23.4% (+23.4%) over 5: the same GPT-3 on H100 ran 31% faster per GPU in
   v4.1 (NeMo 24.09) than in v3.0 (NeMo 23.04), a software generation one preset (nemo-perf-recipes-2024) does not
