@@ -210,11 +210,10 @@ def _compiled_fwd(shape: LayerShape, whole: float, attn: float, kv: float, ffn: 
     experts' SwiGLU one kernel (2r+w) unless their grouped GEMM runs it (``Software.fused_grouped_mlp``)."""
     d, ab = shape.dims, ACTIVATION_BYTES[shape.dtype]
     moved, kernels = 9 * whole + 2 * attn + 2 * masks, 4
-    if d.family != "gpt":
-        moved += 2 * attn + (2 * kv + 2 * attn if kv < attn else 2 * kv)
-        kernels += 1
     if d.family == "gpt":
         return moved + 2 * ffn, kernels + 1
+    moved += 2 * attn + (2 * kv + 2 * attn if kv < attn else 2 * kv)  # rotary and the grouped-query repeat
+    kernels += 1
     if d.family == "llama":
         return moved + 3 * ffn, kernels + 1
     routed = d.top_k * expert_tokens(shape) * d.hidden * ab
@@ -318,16 +317,16 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     full = attention_core_flops(d, shape.micro_batch, shape.seq_len) / shape.cp / shape.tp
     part = windowed_part(d, shape.seq_len) if shape.software.window_kernel else 0.0
     measured = accel.window_attention_at(d.attention_window, d.head_dim) if part else None
-    if measured is None:  # a windowed layer at the full kernel's rate on its share of the pairs
-        share = window_share(d, shape.seq_len) if shape.software.window_kernel else 1.0
-        return attention_fwd_bwd_s(accel, shape.dtype, full * share, head_dim=d.head_dim,
+    # the full kernel's share: the non-windowed layers where cuDNN's window kernel was measured; else every layer,
+    # a windowed one at the full kernel's rate on its share of the pairs
+    dense = full * (1.0 - part) if measured else full * (window_share(d, shape.seq_len) if part else 1.0)
+    fwd, bwd = attention_fwd_bwd_s(accel, shape.dtype, dense, head_dim=d.head_dim,
                                    speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
                                    kernel=shape.software.attention_kernel, pair_dim=d.head_dim * d.core_scale)
+    if measured is None:
+        return fwd, bwd
     # cuDNN's window kernel at its measured rate (Accelerator.cudnn_window_attention) for the windowed layers' share:
     # its executed pairs, s w - w^2 / 2 of a causal layer's s^2 / 2, at the efficiency it reached over them
-    fwd, bwd = attention_fwd_bwd_s(accel, shape.dtype, full * (1.0 - part), head_dim=d.head_dim,
-                                   speed=shape.software.attention_speed, seq_len=shape.seq_len / shape.cp,
-                                   kernel=shape.software.attention_kernel, pair_dim=d.head_dim * d.core_scale)
     eff, ratio = measured
     executed = 0.5 * full * part * window_pair_share(d.attention_window, shape.seq_len)
     window_fwd = executed / (accel.peak(unquantized_dtype(accel, shape.dtype)) * eff) + accel.kernel_overhead_s
@@ -356,6 +355,13 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     return mm_f + core_f + mem_f + ops_f, mm_b + core_b + mem_b + ops_b, core_f, mm_f, mm_b
 
 
+def regather_s(shape: LayerShape, cluster: Cluster) -> float:
+    """Seconds of the two sequence-parallel all-gathers that gather a block's attention and MLP inputs again (their
+    sequence-sharded copies kept, the full ones not), each with its wait for ranks out of step."""
+    act = shape.tokens * shape.dims.hidden * ACTIVATION_BYTES[shape.dtype]
+    return 2 * (collective_time("all-gather", act, shape.tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
+
+
 def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tuple[float, float],
           compute_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float, dict, dict]:
     d, ab, tp, cp, ep = shape.dims, ACTIVATION_BYTES[shape.dtype], shape.tp, shape.cp, shape.ep
@@ -377,7 +383,7 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
         tp_bwd_s += more * (collective_time("all-reduce", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
         tp_bwd_b += more * bus_bytes("all-reduce", act, tp)
     if shape.sp and shape.software.sp_regather:  # the attention and MLP inputs, gathered again
-        tp_bwd_s += 2 * (collective_time("all-gather", act, tp, 1, cluster) + cluster.accelerator.sync_overhead_s)
+        tp_bwd_s += regather_s(shape, cluster)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
     hidden = 0.0  # communication run under compute, which it slows (Software.overlap_slowdown)
     if shape.software.overlaps_tp_comm(shape.dtype) and shape.sp:
@@ -421,9 +427,7 @@ def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     if shape.software.selective_alternate_matmuls and shape.dims.family != "moe":  # torchtitan's policy: the
         selective += recomputed_matmuls_fwd_s(shape, cluster) - core_fwd  # attention output kept, half the matmuls not
         if shape.tp > 1 and shape.sp:  # and the two norm outputs gathered again (memory.matmul_save_units)
-            act = shape.tokens * shape.dims.hidden * ACTIVATION_BYTES[shape.dtype]
-            selective += 2 * (collective_time("all-gather", act, shape.tp, 1, cluster)
-                              + cluster.accelerator.sync_overhead_s)
+            selective += regather_s(shape, cluster)
     return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
                      fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
 
