@@ -470,8 +470,9 @@ def torchtitan_software(row: dict[str, str]) -> str:
     row's config set ``norm_type = "fused_rmsnorm"`` (the ``norm_type`` column, from the run's train_configs
     TOML: Llama 3 8B and Llama 2 13B @0413364; ``Software.fused_norm``)."""
     extras = torchtitan_extras(row)
-    return (SOFTWARE["torchtitan"] + ("+fused-norm" if _cell(row, "norm_type") == "fused_rmsnorm" else "")
-            + "".join(f"+{e}" for e in extras if not isinstance(extras, str)))
+    modifiers = ("fused-norm",) if _cell(row, "norm_type") == "fused_rmsnorm" else ()
+    modifiers += () if isinstance(extras, str) else extras  # a row not modeled: its program without them
+    return "+".join((SOFTWARE["torchtitan"], *modifiers))
 
 
 def torchtitan_run(row: dict[str, str]) -> Run | str:
@@ -482,10 +483,9 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
     assumed = "the 500 W part's matmul rate unpublished: the 700 W H100's" if "96GB" in gpu else ""
-    cp = int(_cell(row, "cp") or 1)
-    short = {"compile": "+compile", "float8": "+fp8"}
-    label = (f"{row['model']} torchtitan {gpu.split()[0]} dp{row['dp']}" + (f" tp{row['tp']}" if row["tp"] != "1" else "")
-             + (f" cp{cp}" if cp > 1 else "") + "".join(short[e] for e in torchtitan_extras(row)))
+    mesh, short = plan.mesh, {"compile": "+compile", "float8": "+fp8"}
+    label = (f"{row['model']} torchtitan {gpu.split()[0]} dp{mesh.dp}" + (f" tp{mesh.tp}" if mesh.tp > 1 else "")
+             + (f" cp{mesh.cp}" if mesh.cp > 1 else "") + "".join(short[e] for e in torchtitan_extras(row)))
     return Run(label=f"{label} @{row['gpus']}",
                source="torchtitan", software=torchtitan_software(row), publication=publication(row["source"]),
                hardware=torchtitan_preset(row), cfg=cfg, plan=plan, cluster=cluster, unit="tok",
