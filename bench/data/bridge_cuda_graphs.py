@@ -36,7 +36,8 @@ PRECISIONS = {"MXFP8": "FP8_MX", "FP8-MX": "FP8_MX", "FP8": "FP8_CS", "FP8-CS": 
 
 
 def _show(git_dir: str, tag: str, path: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{tag}:{path}"], capture_output=True, text=True,
+    # git -C: a clone's work tree or a bare git directory alike (--git-dir would need a clone's .git)
+    return subprocess.run(["git", "-C", git_dir, "show", f"{tag}:{path}"], capture_output=True, text=True,
                           check=True).stdout
 
 
