@@ -35,6 +35,9 @@ def _pin_args(p: argparse.ArgumentParser) -> None:
     for name in ("tp", "dp", "pp", "cp", "ep", "vp", "zero", "micro-batch", "num-microbatches"):
         g.add_argument(f"--{name}", type=int)
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallelism")
+    g.add_argument("--fold-ep", action=argparse.BooleanOptionalAction, default=None,
+                   help="the ep group over tp ranks too, each expert whole "
+                        "(Megatron's --expert-tensor-parallel-size 1)")
     g.add_argument("--recompute", choices=("none", "selective", "full", "offload"))
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"))
 
@@ -42,7 +45,7 @@ def _pin_args(p: argparse.ArgumentParser) -> None:
 def _fixed(args: argparse.Namespace) -> dict:
     keys = {"tp": "tp", "dp": "dp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "zero": "zero",
             "micro_batch": "micro_batch", "num_microbatches": "num_microbatches", "sp": "sp",
-            "recompute": "recompute", "schedule": "schedule"}
+            "recompute": "recompute", "schedule": "schedule", "fold_ep": "fold_ep"}
     return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
 
 

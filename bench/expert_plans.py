@@ -39,7 +39,8 @@ ALL = frozenset({"tp", "sp", "zero1", "zero1_tp", "zero2", "zero3", "moe_tp", "p
 
 def _short(plan: ir.Plan) -> str:
     m = plan.mesh
-    parts = [f"{a}{getattr(m, a)}" for a in ("tp", "pp", "dp", "cp", "ep") if getattr(m, a) > 1 or a == "dp"]
+    parts = [f"{a}{getattr(m, a)}" + ("f" if a == "ep" and m.fold_ep else "")  # ep8f: ep8 folded over tp by choice
+             for a in ("tp", "pp", "dp", "cp", "ep") if getattr(m, a) > 1 or a == "dp"]
     rc = {r[0] for r in plan.recompute} - {"n"}
     uneven = len({b - a for a, b in plan.stages}) > 1
     return (" ".join(parts) + f" mb{plan.micro_batch_size} z{plan.zero_stage}"

@@ -62,12 +62,20 @@ counts it (REFERENCE.md sec. 0):
   column), v3.1 12.1% (+12.1%) over 7, v3.0 23.4% (+23.4%) over 5: the same GPT-3 on H100 ran 31% faster per GPU in
   v4.1 (NeMo 24.09) than in v3.0 (NeMo 23.04), a software generation one preset (nemo-perf-recipes-2024) does not
   tell apart.
+* NVIDIA's MoE team's Megatron-LM best practices (yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md
+  @e865051): Qwen3-235B on 256 H100 under five layouts with their step times (tokens/s per GPU = 2048 x 4096 over
+  the step time and 256 GPUs), as the zoo's scripts run Megatron-LM (``SOFTWARE``). Added after the model was
+  written; their first prediction, before anything was changed for them: cross-node ep 32 +0.1%, the same with the
+  1F1B A2A overlap +18.2%, pp 32 x vp 3 with the all-to-all +23.5%. The other two keep ep 8 inside one node's
+  tp x dp ranks with each expert whole (``expert_tp`` 1), which the mesh could not say until ``ir.Mesh.fold_ep``;
+  then, Megatron-FSDP (as ZeRO-3) -34.6% and tp 4 +28.0%: 20.9% (+7.0%) over the five.
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
 the source does not state, an architecture neither a zoo family
 nor a traced config expresses (hybrid Mamba). Megatron's ep over tp x dp (Qwen3-235B on H100: tp 2, ep 32)
-is predicted as folded (``ir.Mesh.ep_over_tp``). What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
+is predicted as folded (``ir.Mesh.ep_over_tp``); ``expert_tp`` is Megatron's --expert-tensor-parallel-size where a
+row states it: 1 folds ep over tp even where it fits in dp (``ir.Mesh.fold_ep``), tp splits every expert. What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
 405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
 split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2). Where a row's recipe is
@@ -240,6 +248,15 @@ SOFTWARE = {
     # pipelining with Transformer Engine modules and DeepEP, every block recomputed (``apply_ac`` wraps each
     # decoder layer in a checkpoint wrapper): the nemo-automodel-2025 preset (its comment says what it leaves out).
     "automodel": "nemo-automodel-2025",
+    # NVIDIA's MoE team's Megatron-LM best practices (yanring/Megatron-MoE-ModelZoo @e865051, best_practice/qwen3):
+    # Megatron-LM run by the zoo's sbatch_benchmarking.sh with its model_configs/benchmarking yaml: the perf recipes'
+    # program (the distributed optimizer with both overlaps, sequence parallelism, --tp-comm-overlap in BF16, TE's
+    # fused cross-entropy, Transformer Engine's attention, dropout 0), except that nothing passes
+    # --grad-reduce-in-bf16, so Megatron-LM accumulates and reduces bf16 gradients in fp32 (+fp32-grads); the flex
+    # dispatcher where a row ran DeepEP across nodes (``ep_dispatcher``), the 1F1B A2A overlap where it says so.
+    # Added after the model was written, as the source the issue named; their first prediction is in the module
+    # docstring.
+    "modelzoo": "megatron-core-perf-recipes+fp32-grads",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
@@ -380,6 +397,8 @@ def _source(row: dict[str, str]) -> str:
         return "mlperf"
     if src.startswith("NVIDIA-NeMo/Automodel"):
         return "automodel"
+    if src.startswith("yanring/Megatron-MoE-ModelZoo"):
+        return "modelzoo"
     return "mcore"
 
 
@@ -397,14 +416,14 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
     text = row["recompute"].strip()
     if text.startswith("selective"):
         return "selective", "sequence parallel" in text and tp > 1
-    if text.startswith("full"):
-        return "full", False
+    if text.startswith("full"):  # Megatron-Core's rows keep --sequence-parallel beside it (Megatron-LM 2021 had none)
+        return "full", source in MCORE_LIKE and tp > 1
     # Megatron-Core rows: --tp-comm-overlap needs --sequence-parallel; recompute is off by default
     return "none", tp > 1
 
 
 # sources whose rows default to sequence parallelism and ZeRO-1
-MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf")
+MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf", "modelzoo")
 
 
 # torchtitan_runs.csv: activation checkpointing as torchtitan names it, in the cost model's per-layer terms
@@ -508,9 +527,10 @@ def software_of(source: str, row: dict[str, str]) -> str:
         return MLPERF_AMD_SOFTWARE  # AMD's own implementation on its GPUs
     if source == "mlperf":
         return MLPERF_SOFTWARE[re.search(r"training_results_(v\d\.\d)", row["source"]).group(1)]
-    if SOFTWARE[source] == "megatron-core-perf-recipes" and _cell(row, "ep_dispatcher") in ("hybridep", "deepep"):
-        return "megatron-core-perf-recipes-hybridep"  # Megatron's flex dispatcher (Software.ep_dispatch)
-    return SOFTWARE[source]
+    base, *mods = SOFTWARE[source].split("+")
+    if base == "megatron-core-perf-recipes" and _cell(row, "ep_dispatcher") in ("hybridep", "deepep"):
+        base = "megatron-core-perf-recipes-hybridep"  # Megatron's flex dispatcher (Software.ep_dispatch)
+    return "+".join([base, *mods])
 
 
 def software_of_run(run: Run) -> Software:
@@ -554,6 +574,13 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     if tp * pp * dp * cp != gpus:
         return (f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus})" if cp == 1 else
                 f"tp({tp}) * pp({pp}) * dp({dp}) * cp({cp}) = {tp * pp * dp * cp} != gpus({gpus}) as published")
+    etp, fold_ep = _int(_cell(row, "expert_tp")), False
+    if etp is not None and ep > 1 and tp > 1:
+        # Megatron's --expert-tensor-parallel-size: 1 folds the ep group over tp ranks (ir.Mesh.fold_ep), tp splits
+        # each expert over them as the dense MLP is
+        if etp not in (1, tp) or (etp == tp and (dp * cp) % ep):
+            return f"expert_tp({etp}) with tp({tp}), ep({ep}), dp({dp}): experts split over all of tp or none of it"
+        fold_ep = etp == 1 and (dp * cp) % ep == 0
     assumed = []
     batch = _int(row["global_batch"])
     if batch is None:
@@ -615,7 +642,8 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
     try:
         plan = ir.Plan(model=model, cluster=cluster.spec, global_batch=batch, seq_len=s,
-                       mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
+                       mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, fold_ep=fold_ep), zero_stage=zero,
+                       sequence_parallel=sp,
                        micro_batch_size=mb, num_microbatches=batch // (mb * dp),
                        schedule="interleaved-1f1b" if vp > 1 else "1f1b", vp=vp,
                        recompute=per_layer, stages=stages, dtype=dtype)

@@ -39,6 +39,11 @@ def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
     if experts % m.ep:
         raise InvalidPlanError(f"expert parallelism splits the experts over ep ranks, but experts({experts}) "
                                f"does not divide by ep({m.ep}); use an ep that divides {experts}")
+    if m.fold_ep:
+        raise InvalidPlanError(f"mesh.fold_ep puts each expert whole on the ranks of an ep({m.ep}) group over tp "
+                               f"({m.tp}) x dp ranks (Megatron-Core's --expert-tensor-parallel-size 1, which "
+                               "`meshplan export --to megatron` writes), but the runtime splits the experts over tp "
+                               "as the dense MLP is; set fold_ep to false to run it here")
     if m.dp % m.ep:
         folded = (" (it takes tp ranks too: Megatron-Core's MoE folding, which `meshplan export --to megatron` "
                   "writes)" if m.ep_over_tp else "")

@@ -91,7 +91,8 @@ def check_plan(dims: ModelDims, cluster: Cluster, plan: Plan) -> None:
         raise InvalidPlanError(f"ep({m.ep}) must divide experts({dims.experts}): {dims.experts} % {m.ep} = "
                                f"{dims.experts % m.ep}")
     if m.ep_over_tp and not plan.sequence_parallel:
-        raise InvalidPlanError(f"ep({m.ep}) takes tp ranks (it does not divide dp * cp = {m.dp * m.cp}): each tp "
+        why = "mesh.fold_ep" if m.fold_ep else f"it does not divide dp * cp = {m.dp * m.cp}"
+        raise InvalidPlanError(f"ep({m.ep}) takes tp ranks ({why}): each tp "
                                "rank then routes its own slice of the sequence, which needs sequence_parallel "
                                "(Megatron-Core requires it for MoE under TP)")
 

@@ -557,7 +557,12 @@ SOFTWARE = {s.name: s for s in (DEFAULT, TORCHTITAN, MEGATRON_LM_2021, DEEPSPEED
 # asynchronous TP (Inductor's micro-pipelined all-gather and reduce-scatter matmuls), which ``tp_comm_overlap`` (the
 # userbuffer overlap of Megatron's TP) does not describe: priced as it, torchtitan's 70B FSDP 32 x TP 8 run would gain
 # 30%, against the 5.7% measured (Table 4 of benchmarks/llama3_h100_202412_torchtitan.md @b5bcd76).
+# ``fp32-grads``: gradients accumulated and reduced in fp32, for a program of a preset that reduces them in bf16: what
+# Megatron-LM runs in bf16 unless told ``--grad-reduce-in-bf16`` (megatron/training/arguments.py), as NVIDIA's
+# MoE model zoo's scripts run it (yanring/Megatron-MoE-ModelZoo sbatch_benchmarking.sh, which NVIDIA's perf recipes'
+# ``grad_reduce_in_fp32=False`` is not).
 MODIFIERS = {"mxfp8": {"fp8_recipe": "mxfp8"}, "fp8-delayed": {"fp8_recipe": "delayed"},
+             "fp32-grads": {"fp32_grad_reduce": True},
              "ep-overlap": {"ep_comm_overlap": True}, "fused-mlp": {"fused_grouped_mlp": True},
              "expandable": {"expandable_segments": True}, "fused-norm": {"fused_norm": True},
              "no-dropout": {"dropout": False}, "compile": {"compiled": True},

@@ -8,7 +8,10 @@ dense layers' shards). It takes its ranks from ``dp * cp`` when it divides that,
 tp as the dense MLP is; otherwise (``Mesh.ep_over_tp``) from ``tp * dp * cp``, each expert whole on its
 ranks and the tp ranks' tokens routed apart: Megatron-Core's MoE parallel folding with
 ``--expert-tensor-parallel-size 1`` (Liu et al. 2025, arXiv:2504.14960), as NVIDIA runs Qwen3-235B on
-H100 (tp 2, ep 32 on 256 GPUs). So ``ep`` must divide ``tp * dp * cp``.
+H100 (tp 2, ep 32 on 256 GPUs). So ``ep`` must divide ``tp * dp * cp``. ``Mesh.fold_ep`` asks for that folding
+where ``ep`` divides ``dp * cp`` too: NVIDIA's MoE model zoo sets ``--expert-tensor-parallel-size 1`` for every
+Qwen3-235B layout, e.g. tp 2 with ep 8 over one node's tp 2 x dp 4 ranks (yanring/Megatron-MoE-ModelZoo
+best_practice/qwen3).
 """
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ class Mesh:
     cp: int = 1
     tp: int = 1
     ep: int = 1
+    # the ep group takes tp ranks even where ep divides dp * cp: each expert whole on its ranks (Megatron-Core's
+    # --expert-tensor-parallel-size 1; ``ep_over_tp``); written to a plan file only when set
+    fold_ep: bool = False
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -59,6 +65,12 @@ class Mesh:
                 f"ep({self.ep}) must divide tp({self.tp}) * dp({self.dp}) * cp({self.cp}) = "
                 f"{self.tp * self.dp * self.cp}: experts are sharded over a subgroup of the ranks of one "
                 "pipeline stage")
+        if not isinstance(self.fold_ep, bool):
+            raise InvalidPlanError(f"mesh.fold_ep must be true or false, got {self.fold_ep!r}")
+        if self.fold_ep and (self.tp == 1 or self.ep == 1):
+            raise InvalidPlanError(
+                f"mesh.fold_ep folds the expert-parallel group over tp ranks, but tp({self.tp}) and ep({self.ep}) "
+                "must both be > 1 for that; set fold_ep to false")
 
     @property
     def world_size(self) -> int:
@@ -69,7 +81,7 @@ class Mesh:
         """Whether the expert-parallel group takes tp ranks too (``ep`` does not divide ``dp * cp``): each
         expert whole on its ranks, every tp rank routing its own tokens (Megatron-Core's MoE folding with
         expert tensor parallelism 1; module docstring)."""
-        return (self.dp * self.cp) % self.ep != 0
+        return self.fold_ep or (self.dp * self.cp) % self.ep != 0
 
     @property
     def expert_replicas(self) -> int:
@@ -79,7 +91,7 @@ class Mesh:
 
     def __str__(self) -> str:
         parts = [f"{a}={getattr(self, a)}" for a in AXES if getattr(self, a) > 1]
-        return " x ".join(parts) if parts else "single GPU"
+        return (" x ".join(parts) if parts else "single GPU") + (" (ep over tp)" if self.fold_ep else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,7 +191,9 @@ class Plan:
         data = {"schema": SCHEMA}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Mesh, Prediction, SolverInfo)):
+            if isinstance(value, Mesh):  # fold_ep only where set, so that other plans' files stay as they were
+                value = {k: v for k, v in asdict(value).items() if k != "fold_ep" or v}
+            elif isinstance(value, (Prediction, SolverInfo)):
                 value = asdict(value)
             elif f.name == "stages":
                 value = [list(s) for s in value]

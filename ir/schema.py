@@ -127,6 +127,7 @@ class Mesh(_Strict):
     cp: Degree = 1
     tp: Degree = 1
     ep: Degree = 1
+    fold_ep: bool = False
 
 
 class Prediction(_Strict):

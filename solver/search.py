@@ -54,7 +54,8 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, of
     stages = stage_ranges(dims, cand.pp, cand.vp)
     names = tuple(p.name for p in req.graph.params) if layouts else ()
     return Plan(model=req.model, cluster=req.cluster.spec, global_batch=req.global_batch, seq_len=req.seq_len,
-                mesh=Mesh(pp=cand.pp, dp=cand.dp, cp=cand.cp, tp=cand.tp, ep=cand.ep), zero_stage=cand.zero,
+                mesh=Mesh(pp=cand.pp, dp=cand.dp, cp=cand.cp, tp=cand.tp, ep=cand.ep, fold_ep=cand.fold_ep),
+                zero_stage=cand.zero,
                 zero_group=cand.zero_group, sequence_parallel=cand.sp, micro_batch_size=cand.micro_batch, num_microbatches=cand.num_microbatches,
                 schedule=cand.schedule, vp=cand.vp, stages=stages,
                 recompute=recompute_list(dims.layers, stages, cand.pp, selective, full, offload),

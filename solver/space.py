@@ -69,7 +69,7 @@ MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", 
                       EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, EP_OVER_TP, CP_WITH_PP, CP_WITH_EP, OFFLOAD,
                       OFFLOAD_WITH_TP})
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
-              "schedule", "vp")
+              "schedule", "vp", "fold_ep")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
 MAX_MICRO_BATCH_TOKENS = 131072
 MIN_CP_TOKENS = 1024
@@ -93,15 +93,16 @@ class Candidate:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     vp: int = 1
     zero_group: int = 0  # HSDP: ZeRO-2/3 inside groups of this many dp ranks (within or across nodes); 0 = all of dp
+    fold_ep: bool = False  # the ep group over tp ranks where ep divides dp * cp too (ir.Mesh.fold_ep; EP_OVER_TP)
 
     @property
     def group(self) -> tuple:
         """Candidates of one group differ only in micro-batching and schedule."""
-        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.zero, self.sp, self.zero_group)
+        return (self.pp, self.dp, self.cp, self.tp, self.ep, self.zero, self.sp, self.zero_group, self.fold_ep)
 
     def describe(self) -> str:
         parts = [f"{a}={getattr(self, a)}" for a in ("pp", "dp", "cp", "tp", "ep") if getattr(self, a) > 1]
-        mesh = " ".join(parts) or "1 GPU"
+        mesh = " ".join(parts) + (" (ep over tp)" if self.fold_ep else "") or "1 GPU"
         pipe = f" {self.schedule}" + (f" vp={self.vp}" if self.vp > 1 else "") if self.pp > 1 else ""
         return (f"{mesh}{' +sp' if self.sp else ''} zero-{self.zero}"
                 + (f" hsdp={self.zero_group}" if self.zero_group else "") + " "
@@ -129,8 +130,14 @@ def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME)
     if unknown:
         raise PlanError(f"fixed: unknown choice(s) {unknown}; pin among {list(FIXED_KEYS)}")
     limits.check_pins(fixed)  # every pinned degree and count a positive int within its limit
-    if "sp" in fixed and not isinstance(fixed["sp"], bool):
-        raise PlanError(f"fixed: sp={fixed['sp']!r}; expected True or False")
+    for key in ("sp", "fold_ep"):
+        if key in fixed and not isinstance(fixed[key], bool):
+            raise PlanError(f"fixed: {key}={fixed[key]!r}; expected True or False")
+    if fixed.get("fold_ep") and EP_OVER_TP not in runtime:
+        raise PlanError("fixed: fold_ep=True, but this program splits each expert over the tp ranks (the runtime "
+                        "does); folding the ep group over tp with the experts whole is Megatron-Core's "
+                        "--expert-tensor-parallel-size 1: plan with --software megatron-core-2024 (or another "
+                        "Megatron-Core preset), or leave fold_ep unset")
     if fixed.get("sp") and fixed.get("tp") == 1:
         raise PlanError("fixed: sp=True with tp=1; sequence parallelism splits the sequence over the tp ranks, "
                         "so sp needs tp > 1: pin tp > 1 or leave sp unset")
@@ -206,7 +213,8 @@ def tp_degrees(dims: ModelDims, domain: int, world: int) -> tuple[int, ...]:
 
 
 def _meshes(dims: ModelDims, world: int, domain: int, seq_len: int, fixed: dict, runtime: frozenset):
-    """(pp, dp, cp, tp, ep) that multiply to the world and respect the rules above."""
+    """(pp, dp, cp, tp, ep) that multiply to the world and respect the rules above (and ``fold_ep`` where the
+    program folds ep over tp ranks by choice: ``EP_OVER_TP``)."""
     for tp in tp_degrees(dims, domain, world):
         if tp > 1 and ("tp" not in runtime or (dims.experts and "moe_tp" not in runtime)):
             continue
@@ -221,7 +229,12 @@ def _meshes(dims: ModelDims, world: int, domain: int, seq_len: int, fixed: dict,
                 for ep in _expert_degrees(dims, dp, cp, pp, runtime, tp):
                     mesh = dict(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep)
                     if all(fixed.get(k, v) == v for k, v in mesh.items()):
-                        yield mesh
+                        if not fixed.get("fold_ep", False):
+                            yield mesh
+                        # Megatron's ETP 1 where ep fits in dp * cp too: each expert whole, tp ranks routing apart
+                        if (EP_OVER_TP in runtime and tp > 1 and ep > 1 and (dp * cp) % ep == 0
+                                and fixed.get("fold_ep", True)):
+                            yield {**mesh, "fold_ep": True}
 
 
 def _expert_degrees(dims: ModelDims, dp: int, cp: int, pp: int, runtime: frozenset, tp: int = 1) -> list[int]:
@@ -261,7 +274,7 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 and "sp" in runtime else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
-        if (mesh["dp"] * mesh["cp"]) % mesh["ep"]:  # ep over tp ranks: each routes its own sequence slice
+        if (mesh["dp"] * mesh["cp"]) % mesh["ep"] or mesh.get("fold_ep"):  # ep over tp: each routes its own slice
             sps = tuple(sp for sp in sps if sp)
         zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z
                  and (z == 0 or mesh["dp"] * mesh["cp"] > 1)  # ZeRO shards over dp x cp

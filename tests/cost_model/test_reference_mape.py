@@ -63,7 +63,9 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          "mlcommons/training_results_v5.0 MLPerf",
          "mlcommons/training_results_v5.1 MLPerf",
          # NeMo Automodel's FSDP2 MoE pre-training table, added after the model was written
-         "NVIDIA-NeMo/Automodel docs/performance-summary.md"}
+         "NVIDIA-NeMo/Automodel docs/performance-summary.md",
+         # NVIDIA's MoE team's Megatron-LM Qwen3-235B layouts on 256 H100, added after the model was written
+         "yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md"}
 
 
 def _rows(bench) -> list[dict[str, str]]:
@@ -390,3 +392,29 @@ def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_th
     table = bench.graph_table(found)
     counted = sum(int(line[54:59]) for line in table.splitlines()[1:])
     assert counted == sum(1 for r in found if r.run.cuda_graphs) > 0
+
+
+def test_the_model_zoo_rows_run_megatron_lm_s_program_with_every_expert_whole_on_its_ranks(results) -> None:
+    """NVIDIA's MoE model zoo runs Qwen3-235B on 256 H100 with --expert-tensor-parallel-size 1 in every layout
+    (``expert_tp`` 1): where ep fits in dp the row is folded by choice (``ir.Mesh.fold_ep``), where it does not by
+    necessity; Megatron-LM's bf16 gradients are reduced in fp32 (``+fp32-grads``), DeepEP across nodes is the flex
+    dispatcher, the step time is read back, and an expert_tp that neither splits experts over all of tp nor none
+    of it is refused with the numbers."""
+    bench = results[0]
+    zoo = [r for r in results[1] if r.run.source == "modelzoo"]
+    assert len(zoo) == 5 and all(r.run.plan.mesh.ep_over_tp for r in zoo)
+    by_label = {r.run.label.split(" (")[0]: r for r in zoo}
+    fsdp, tp4 = by_label["Qwen3-235B intra-node EP8 FSDP"].run, by_label["Qwen3-235B intra-node EP8 TP4"].run
+    assert fsdp.plan.mesh.fold_ep and tp4.plan.mesh.fold_ep
+    assert (fsdp.plan.mesh.expert_replicas, fsdp.plan.zero_stage) == (32, 3)
+    assert fsdp.plan.sequence_parallel  # Megatron-Core keeps --sequence-parallel beside full recomputation
+    cross = by_label["Qwen3-235B cross-node EP32"].run
+    assert not cross.plan.mesh.fold_ep and cross.plan.mesh.expert_replicas == 1  # ep 32 > dp 16: folded anyway
+    assert cross.software == "megatron-core-perf-recipes-hybridep+fp32-grads"
+    assert bench.software_of_run(cross).fp32_grad_reduce
+    assert tp4.software == "megatron-core-perf-recipes+fp32-grads" and cross.measured_step_s == 19.7
+    row = next(r for r in _rows(bench) if r["model"].startswith("Qwen3-235B intra-node EP8 TP4"))
+    assert bench.build_run({**row, "expert_tp": "2"}) == (
+        "expert_tp(2) with tp(4), ep(8), dp(8): experts split over all of tp or none of it")
+    unfolded = bench.build_run({**row, "expert_tp": "4"})
+    assert not unfolded.plan.mesh.ep_over_tp and unfolded.plan.mesh.expert_replicas == 1

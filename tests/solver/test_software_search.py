@@ -104,6 +104,35 @@ def test_megatron_folds_expert_parallelism_over_the_tp_ranks_and_meshplans_runti
         plans("mixtral-8x7b", "h100-sxm:2x8", global_batch=32, seq_len=4096, top=1, time_limit_s=20, fixed=pins)
 
 
+def test_megatron_may_fold_ep_over_tp_where_ep_fits_in_dp_and_keeps_the_experts_whole(tmp_path) -> None:
+    """``Mesh.fold_ep``: Megatron's --expert-tensor-parallel-size 1 where ep divides dp too (NVIDIA's MoE model zoo
+    runs Qwen3-235B with tp 2 and ep 8 over one node's tp 2 x dp 4 ranks). Pinned, the Megatron search returns it,
+    its experts are whole on each rank (twice the expert weights of ep 8 with the experts split over tp 2), it
+    exports with ETP 1, its file keeps the flag, and the runtime's search and emit refuse it saying why."""
+    from meshplan.export import export, megatron
+
+    kw = dict(global_batch=32, seq_len=4096, top=1, time_limit_s=20, software="megatron-core-2024")
+    base = dict(tp=2, dp=8, ep=8, pp=1, cp=1, zero=1, recompute="full")
+    folded = plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": True}, **kw)[0]
+    split = plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": False}, **kw)[0]
+    assert folded.mesh.fold_ep and folded.mesh.ep_over_tp and folded.sequence_parallel
+    assert not split.mesh.fold_ep and not split.mesh.ep_over_tp
+    # one pipeline stage of 16 ranks: ep 8 x 2 replicas; folded, the replicas are at stride 8 over tp x dp
+    assert (folded.mesh.expert_replicas, split.mesh.expert_replicas) == (2, 1)
+    assert folded.prediction.memory_bytes["params"] > 1.5 * split.prediction.memory_bytes["params"]
+    assert (megatron.parse(export(folded, "megatron")).expert_tensor_parallel_size,
+            megatron.parse(export(split, "megatron")).expert_tensor_parallel_size) == (1, 2)
+    again = ir.Plan.from_json(folded.to_json())
+    assert again.mesh == folded.mesh and '"fold_ep": true' in folded.to_json()
+    assert "fold_ep" not in split.to_json()  # files of plans that do not fold stay as they were
+    with pytest.raises(ir.PlanError, match="fold_ep=True, but this program splits each expert"):
+        plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": True}, global_batch=32, seq_len=4096)
+    with pytest.raises(ir.InvalidPlanError, match="runtime splits the experts over tp"):
+        dataclasses.replace(folded, software="meshplan").emit(tmp_path / "train.py")
+    with pytest.raises(ir.InvalidPlanError, match="mesh.fold_ep folds the expert-parallel group over tp ranks"):
+        ir.Mesh(tp=1, dp=8, ep=8, fold_ep=True)
+
+
 def test_the_hybridep_preset_prices_one_network_copy_per_node_and_exports_the_flex_dispatcher() -> None:
     """Megatron's flex dispatcher with the HybridEP backend (the perf recipes' moe_flex_dispatcher_backend) sends a
     token over the network once per remote node hosting one of its experts, not once per expert: with ep 8 at
@@ -114,7 +143,7 @@ def test_the_hybridep_preset_prices_one_network_copy_per_node_and_exports_the_fl
     from meshplan.export import export, megatron
 
     assert megatron.HYBRIDEP_SOFTWARE == {name for name, s in SOFTWARE.items() if s.ep_dispatch == "hybridep"}
-    pins = dict(tp=2, dp=16, ep=8, pp=1, cp=1)
+    pins = dict(tp=2, dp=16, ep=8, pp=1, cp=1, fold_ep=False)
     kw = dict(global_batch=64, seq_len=4096, top=1, time_limit_s=20, fixed=pins)
     flex = plans("mixtral-8x7b", "h100-sxm:4x8", software="megatron-core-perf-recipes-hybridep", **kw)[0]
     a2a = plans("mixtral-8x7b", "h100-sxm:4x8", software="megatron-core-perf-recipes", **kw)[0]
