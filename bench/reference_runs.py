@@ -68,7 +68,13 @@ counts it (REFERENCE.md sec. 0):
   written; their first prediction, before anything was changed for them: cross-node ep 32 +0.1%, the same with the
   1F1B A2A overlap +18.2%, pp 32 x vp 3 with the all-to-all +23.5%. The other two keep ep 8 inside one node's
   tp x dp ranks with each expert whole (``expert_tp`` 1), which the mesh could not say until ``ir.Mesh.fold_ep``;
-  then, Megatron-FSDP (as ZeRO-3) -34.6% and tp 4 +28.0%: 20.9% (+7.0%) over the five.
+  then, Megatron-FSDP (as ZeRO-3) -34.6% and tp 4 +28.0%: 20.9% (+7.0%) over the five. Its GB200 and GB300 tables
+  give TFLOP/s only, by Megatron-LM's count (``megatron_flops``, which returns the H100 table's TF from its step
+  times within 1%); three of their four rows, first predicted after the five above: GB200 BF16 ep 8 x pp 8 -15.6%,
+  GB200 MXFP8 at 128K tokens (cp 4, ep 32 folded over tp 4 x dp 2 x cp 4) -7.7%, GB300 MXFP8 ep 64 +12.5%. Not
+  added: GB200 MXFP8 at 4K, which offloads the experts' fc1 and activation outputs (``--fine-grained-activation-
+  offloading``: modules, not the whole layers ``offload_layers`` prices), and the H100 long-context table, which
+  recomputes the whole MoE layer (``--recompute-modules moe``, not among ``Software.recompute_modules``).
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -107,11 +113,13 @@ NVIDIA's perf scripts ran the row with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segm
 and 26.04.01 (@v0.4.0, @v0.4.1) Llama 3.1 405B on GB200 and GB300 in FP8 or MXFP8 and DeepSeek-V3 on H100 and
 GB200; in 26.06 and 26.06.01 every row (``PERF_ENV_VARS`` in utils/executors.py @v0.5.0, @v0.5.1) but those whose
 config runs Megatron-FSDP on a Llama or sets ``nccl_ub``, for which perf_plugins.py removes it (the Llama 3 70B
-FSDP rows here). ``cuda_graphs`` is what the same workload config captures in CUDA graphs, where exactly one
+FSDP rows here; and NVIDIA's MoE model zoo's rows, whose model yaml sets it for every run). ``cuda_graphs`` is what
+the same workload config captures in CUDA graphs, where exactly one
 config of the row's release matches its layout (tp, pp, vp, ep, micro-batch, GPUs): ``none`` (``cuda_graph_impl``
 unset), ``full_iteration``, or ``transformer_engine:`` and its ``cuda_graph_scope`` (``attn``, ``moe_router``,
 ``moe_preprocess``); empty for the other rows (25.11, Kimi K2, no single match); ``bench/data/bridge_cuda_graphs.py``
-writes them from a Megatron-Bridge clone. The model does not price the host's
+writes them from a Megatron-Bridge clone (the MoE model zoo's GB200 and GB300 rows take it from their commands).
+The model does not price the host's
 time (its GPU presets assume launches run ahead of the kernels), so the column prices nothing: ``graph_table``
 prints the Megatron-Bridge MoE rows' error by what they capture and by micro-batch, where the host's launch time
 would show (``python bench/reference_runs.py``).
@@ -368,6 +376,19 @@ def nemo_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
     l, h, v = cfg.layers, cfg.hidden, cfg.vocab
     return batch * s * l * h * h * (12 + 12 * cfg.kv_heads / cfg.heads + 18 * cfg.ffn_hidden / h + 12 * s / h
                                      + 6 * v / (l * h))
+
+
+def megatron_flops(cfg: zoo.ModelConfig, batch: int, s: int) -> float:
+    """Megatron-LM's model FLOPs of a GQA transformer with SwiGLU, dense or MoE (``num_floating_point_operations`` in
+    megatron/training/training.py @d98e8a64dd): 3 x 2 FLOPs per multiply-add of the q, k, v and output projections,
+    the attention core over half the scores (the causal mask), the routed experts' top-k SwiGLU (no router) and the
+    logits. NVIDIA's MoE model zoo reports TFLOP/s with it: its H100 Qwen3-235B table's 245, 276, 200 and 167 TF
+    come back from its step times within 1%, where a count over every score would give 278, 311, 226 and 189."""
+    h, q = cfg.hidden, cfg.heads * (cfg.head_dim or cfg.hidden // cfg.heads)
+    kv = (cfg.kv_heads or cfg.heads) * (cfg.head_dim or cfg.hidden // cfg.heads)
+    ffn = cfg.ffn_hidden * (cfg.top_k if cfg.experts else 1)  # one expert's hidden width, top_k of them
+    per_token_layer = 6 * (h * (q + 2 * kv) + q * h) + 6 * q * s + 6 * 3 * h * ffn
+    return 1.0 * batch * s * (cfg.layers * per_token_layer + 6 * h * cfg.vocab)
 
 
 def _int(text: str | None, default: int | None = None) -> int | None:
@@ -659,6 +680,8 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
         unit, measured = "nemo", float(row["measured_tflops_per_gpu"])
     elif source in ("narayanan", "deepspeed"):
         unit, measured = "hw", float(row["measured_tflops_per_gpu"])
+    elif source == "modelzoo":  # TFLOP/s by Megatron-LM's count
+        unit, measured = "megatron", float(row["measured_tflops_per_gpu"])
     elif row["measured_tflops_per_gpu"].strip():
         unit, measured = "model", float(row["measured_tflops_per_gpu"])
     elif step_s is not None:
@@ -676,7 +699,7 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
                expandable_segments=_cell(row, "expandable_segments") == "true", cuda_graphs=_cell(row, "cuda_graphs"))
 
 
-FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops}
+FLOPS = {"hw": eq3_flops, "model": eq7_flops, "palm": palm_flops, "nemo": nemo_flops, "megatron": megatron_flops}
 
 
 def predicted_value(run: Run, step_s: float) -> float:

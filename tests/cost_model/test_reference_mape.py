@@ -126,7 +126,7 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(results) -> None:
         assert reason.startswith(known), line
     # every new row reaches the cost model or names why not; the predicted new rows span the added sources
     assert {r.run.publication for r in found if r.run.publication not in ORIGINAL} == ADDED
-    assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm"}
+    assert {r.run.unit for r in found} == {"hw", "model", "tok", "nemo", "palm", "megatron"}
     # NVFP4 rows (Megatron-Bridge's GB200/GB300 Llama tables, MLPerf's FP4 submissions) are priced in float4
     nvfp4 = [r for r in found if "NVFP4" in r.run.label]
     assert len(nvfp4) == 18 + 7 + 3 and {r.run.plan.dtype for r in nvfp4} == {"float4"}  # + Lenovo's three
@@ -351,12 +351,15 @@ def test_only_rows_their_publisher_flags_as_regressions_are_left_unscored(result
 def test_rows_run_with_expandable_segments_are_those_nvidia_s_scripts_set_it_for_and_fit(results) -> None:
     """``expandable_segments`` marks the Megatron-Bridge rows whose release's perf scripts set
     ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (bench module docstring): per workload up to 26.04.01, every
-    workload but Megatron-FSDP Llamas from 26.06. No other source's row is marked, and each marked published plan,
-    which ran, fits in the model."""
+    workload but Megatron-FSDP Llamas from 26.06; and NVIDIA's MoE model zoo's rows, whose model yaml sets it. No other
+    source's row is marked, and each marked published plan, which ran, fits in the model."""
     bench, found, _ = results
     rows = _rows(bench)
     marked = [row for row in rows if row["expandable_segments"]]
-    assert all(row["expandable_segments"] == "true" and "Megatron-Bridge" in row["source"] for row in marked)
+    assert all(row["expandable_segments"] == "true" for row in marked)
+    zoo = [row for row in marked if "Megatron-MoE-ModelZoo" in row["source"]]  # its model yaml's ENV_VARS set it
+    assert len(zoo) == 8 and all("Megatron-Bridge" in row["source"] for row in marked if row not in zoo)
+    marked = [row for row in marked if row not in zoo]
     early = [row["model"] for row in marked if not re.search(r", 26\.06", row["model"])]
     assert early and all(m.startswith(("LLAMA3.1_405B (GB200 FP8", "LLAMA3.1_405B (GB200 MXFP8", "LLAMA3.1_405B (GB300 FP8",
                                        "LLAMA3.1_405B (GB300 MXFP8", "DeepSeekV3 (GB200", "DeepSeekV3 (H100"))
@@ -365,15 +368,15 @@ def test_rows_run_with_expandable_segments_are_those_nvidia_s_scripts_set_it_for
     assert {row["model"] for row in late if not row["expandable_segments"]} == {
         row["model"] for row in late if row["model"].startswith("LLAMA") and row["zero_stage"].strip() == "3"}
     runs = [r for r in found if r.run.expandable_segments]  # (DeepSeek-V3, not traced here, is not among them)
-    assert runs and {r.run.label.split(" @")[0] for r in runs} <= {row["model"][:38] for row in marked}
+    assert runs and {r.run.label.split(" @")[0] for r in runs} <= {row["model"][:38] for row in marked + zoo}
     assert all(r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes for r in runs)
 
 
 def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_the_moe_rows(results) -> None:
-    """``cuda_graphs`` (bench module docstring) is set only on Megatron-Bridge MoE rows, in one of the forms the
-    workload configs write; three rows read against their release's config (Qwen3-30B on B200 at micro-batch 1 in
-    26.02 @v0.3.0: router and preprocessing only; Qwen3-235B on B300 in 26.02: nothing; DeepSeek-V3 on GB200 in
-    26.06 @v0.5.0: the whole iteration); and ``graph_table`` counts every scored row whose capture is known, once."""
+    """``cuda_graphs`` (bench module docstring) is set only on Megatron-Bridge MoE rows (and on the MoE model zoo's
+    GB200/GB300 rows, whose commands give it), in one of the forms the workload configs write; three rows read
+    against their release's config (Qwen3-30B on B200 at micro-batch 1 in 26.02 @v0.3.0: router and preprocessing
+    only; Qwen3-235B on B300 in 26.02: nothing; DeepSeek-V3 on GB200 in 26.06 @v0.5.0: the whole iteration); and ``graph_table`` counts every scored row whose capture is known, once."""
     bench, found, _ = results
     rows = _rows(bench)
     scopes = {"attn", "moe_router", "moe_preprocess"}
@@ -381,7 +384,8 @@ def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_th
     assert len(marked) > 60
     for model, cell in marked.items():
         row = next(r for r in rows if r["model"] == model)
-        assert "Megatron-Bridge" in row["source"] and (row["moe_experts"].strip() or row["family"].strip())
+        assert (("Megatron-Bridge" in row["source"] or "Megatron-MoE-ModelZoo" in row["source"])
+                and (row["moe_experts"].strip() or row["family"].strip()))
         kind, _, scope = cell.partition(":")
         assert cell in ("none", "full_iteration") or (kind == "transformer_engine" and set(scope.split("+")) <= scopes)
     assert marked["Qwen3_30B_a3B (B200 MXFP8, 26.02)"] == "transformer_engine:moe_router+moe_preprocess"
@@ -402,7 +406,8 @@ def test_the_model_zoo_rows_run_megatron_lm_s_program_with_every_expert_whole_on
     of it is refused with the numbers."""
     bench = results[0]
     zoo = [r for r in results[1] if r.run.source == "modelzoo"]
-    assert len(zoo) == 5 and all(r.run.plan.mesh.ep_over_tp for r in zoo)
+    assert len(zoo) == 8 and all(r.run.plan.mesh.ep_over_tp for r in zoo if r.run.plan.mesh.tp > 1)
+    assert {r.run.unit for r in zoo} == {"tok", "megatron"}  # the H100 table's step times, the GB200/GB300 TF
     by_label = {r.run.label.split(" (")[0]: r for r in zoo}
     fsdp, tp4 = by_label["Qwen3-235B intra-node EP8 FSDP"].run, by_label["Qwen3-235B intra-node EP8 TP4"].run
     assert fsdp.plan.mesh.fold_ep and tp4.plan.mesh.fold_ep
@@ -418,3 +423,6 @@ def test_the_model_zoo_rows_run_megatron_lm_s_program_with_every_expert_whole_on
         "expert_tp(2) with tp(4), ep(8), dp(8): experts split over all of tp or none of it")
     unfolded = bench.build_run({**row, "expert_tp": "4"})
     assert not unfolded.plan.mesh.ep_over_tp and unfolded.plan.mesh.expert_replicas == 1
+    # Megatron-LM's FLOP count gives back the H100 table's TF from its step times (245, 276, 200, 167)
+    flops = bench.megatron_flops(cross.cfg, 2048, 4096)
+    assert [round(flops / 256 / t / 1e12) for t in (19.7, 17.6, 24.2, 29.0)] == [246, 276, 200, 167]
