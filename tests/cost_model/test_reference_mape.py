@@ -376,7 +376,8 @@ def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_th
     """``cuda_graphs`` (bench module docstring) is set only on Megatron-Bridge MoE rows (and on the MoE model zoo's
     GB200/GB300 rows, whose commands give it), in one of the forms the workload configs write; three rows read
     against their release's config (Qwen3-30B on B200 at micro-batch 1 in 26.02 @v0.3.0: router and preprocessing
-    only; Qwen3-235B on B300 in 26.02: nothing; DeepSeek-V3 on GB200 in 26.06 @v0.5.0: the whole iteration); and ``graph_table`` counts every scored row whose capture is known, once."""
+    only; Qwen3-235B on B300 in 26.02: nothing; DeepSeek-V3 on GB200 in 26.06 @v0.5.0: the whole iteration); and
+    ``graph_table`` counts every scored row whose capture is known, once."""
     bench, found, _ = results
     rows = _rows(bench)
     scopes = {"attn", "moe_router", "moe_preprocess"}
