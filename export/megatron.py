@@ -17,7 +17,8 @@ as TransformerConfig requires). Modules the software name recomputes (``+recompu
 ``--recompute-granularity selective --recompute-modules`` (with ``core_attn`` where the plan recomputes the
 attention core, and ``--moe-grouped-gemm``, which ``moe_act`` needs), refused beside full recomputation or
 offloading, and under FP8 delayed scaling, as TransformerConfig refuses them. The software name's other
-modifiers are flags (``+mxfp8``: ``--fp8-recipe mxfp8``; ``+fp8-delayed``: no ``--fp8-recipe``, Megatron's default
+modifiers are flags (``--grad-reduce-in-bf16`` for the presets priced with bf16 gradients, not under ``+fp32-grads``;
+``+mxfp8``: ``--fp8-recipe mxfp8``; ``+fp8-delayed``: no ``--fp8-recipe``, Megatron's default
 delayed scaling; ``+ep-overlap``: ``--overlap-moe-expert-parallel-comm`` where Megatron allows it; ``+no-dropout``:
 ``--hidden-dropout 0.0 --attention-dropout 0.0``, which every model priced without dropout is given) or environment
 named in the header (``+expandable``, ``+fused-mlp``)."""
@@ -36,6 +37,11 @@ HYBRIDEP_SOFTWARE = frozenset({"megatron-core-perf-recipes-hybridep",
                                "nemo-automodel-2025"})  # DeepEP there: Megatron's nearest is the same dispatcher
 # the presets the cost model prices with FP8 current scaling (Software.fp8_recipe "tensorwise"), by name as above
 TENSORWISE_FP8_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep"})
+# the Megatron-Core presets the cost model prices with bf16 gradients reduced in bf16 (Software.fp32_grad_reduce
+# False: NVIDIA's perf recipes' grad_reduce_in_fp32=False), by name as above: Megatron-LM reduces them in fp32 unless
+# told --grad-reduce-in-bf16 (megatron/training/arguments.py), which a +fp32-grads name does not ask for
+BF16_GRADS_SOFTWARE = frozenset({"megatron-core-perf-recipes", "megatron-core-perf-recipes-hybridep",
+                                 "nemo-perf-recipes-2024"})
 # the presets the cost model prices with dropout in a GPT model (Software.dropout, Megatron's default 0.1), by name as
 # above; every other program, every non-GPT model and a +no-dropout name are priced without it, which Megatron runs
 # only when told (--hidden-dropout and --attention-dropout default to 0.1 in megatron/training/arguments.py)
@@ -79,6 +85,7 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--moe-grouped-gemm": ("moe_grouped_gemm", "true", ()),
     "--recompute-num-layers": ("recompute_num_layers", "int", ()),
     "--bf16": ("bf16", "true", ()),
+    "--grad-reduce-in-bf16": ("grad_reduce_in_bf16", "true", ()),
     "--fp16": ("fp16", "true", ()),
     # megatron/core/transformer/transformer_config.py: fp8 (--fp8-format) e4m3 | hybrid; fp8_recipe (--fp8-recipe,
     # megatron/core/enums.py Fp8Recipe) defaults to delayed; the cost model prices delayed, tensorwise (current
@@ -266,6 +273,8 @@ def to_megatron(plan: Plan) -> str:
     args += {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float8": ["--bf16", "--fp8-format", "hybrid"],
              "float4": ["--bf16", "--fp4-format", "e2m1"]}.get(
         plan.dtype, [])  # FP8 or NVFP4 GEMMs under Transformer Engine, bf16 elsewhere
+    if plan.dtype in ("bfloat16", "float8", "float4") and base in BF16_GRADS_SOFTWARE and "fp32-grads" not in mods:
+        args += ["--grad-reduce-in-bf16"]  # the gradients' wire dtype the plan was priced with
     recipe = _fp8_recipe(plan) if plan.dtype == "float8" else None
     if recipe:
         args += ["--fp8-recipe", recipe]  # block or current scaling, as the plan was priced

@@ -192,6 +192,16 @@ def test_an_fp8_plan_with_the_distributed_optimizer_keeps_fp8_weights_in_megatro
     # +fp8-delayed: the same program with FP8 from an amax history (MLPerf v5.0's Llama 3.1 405B), Megatron's default
     delayed = dataclasses.replace(fp8, software="megatron-core-perf-recipes+fp8-delayed")
     assert megatron.parse(export(delayed, "megatron")).fp8_recipe is None
+    # the gradients' wire dtype: bf16 where the preset priced it (the perf recipes), Megatron-LM's fp32 otherwise and
+    # under +fp32-grads (NVIDIA's MoE model zoo's scripts)
+    from meshplan.cost_model.software import software_named
+    assert megatron.BF16_GRADS_SOFTWARE == {n for n, s in SOFTWARE.items()  # Megatron-Core's (its buckets)
+                                            if not s.fp32_grad_reduce and s.megatron_buckets}
+    for name, bf16_grads in (("megatron-core-perf-recipes", True), ("megatron-core-perf-recipes+fp32-grads", False),
+                             ("megatron-core-2024", False)):
+        assert software_named(name).fp32_grad_reduce is not bf16_grads
+        args = megatron.parse(export(dataclasses.replace(fp8, software=name), "megatron"))
+        assert args.grad_reduce_in_bf16 is bf16_grads
 
 
 def test_megatron_runs_dropout_only_where_the_plan_was_priced_with_it():
