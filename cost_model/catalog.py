@@ -25,7 +25,9 @@ measurement) or, for a placeholder, that it is one. The keys::
                       host_link_Bps (bytes/s each way between a GPU and host memory: what
                       offloaded activations cross; absent or 0: activations are never offloaded) and
                       host_memory_bytes (host memory per GPU, the node's DRAM over its GPUs: what
-                      offloaded activations may fill; absent or 0: not checked)
+                      offloaded activations may fill; absent or 0: not checked) and ordered_comm_overlap
+                      (true or false: a communication kernel overlaps a GEMM only in launch order, one
+                      hardware queue; NVIDIA GPUs before Blackwell; absent: false)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
                       domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
                       step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
@@ -73,7 +75,7 @@ _KEYS = {
                 "tiers"),
     "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
                     "cudnn_attention_by_seq_len", "cudnn_window_attention", "flops_per_exp", "host_link_Bps",
-                    "host_memory_bytes"),
+                    "host_memory_bytes", "ordered_comm_overlap"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -227,6 +229,12 @@ def _accelerator(data: Any, where: str) -> Accelerator:
         extra["host_link_Bps"] = _real(data["host_link_Bps"], f"{where}.host_link_Bps")
     if "host_memory_bytes" in data:
         extra["host_memory_bytes"] = _real(data["host_memory_bytes"], f"{where}.host_memory_bytes")
+    if "ordered_comm_overlap" in data:
+        flag = _value(data["ordered_comm_overlap"], f"{where}.ordered_comm_overlap")
+        if not isinstance(flag, bool):
+            raise InvalidClusterError(f"{where}.ordered_comm_overlap: value must be true or false, "
+                                      f"got {_short(repr(flag))}")
+        extra["ordered_comm_overlap"] = flag
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
 
 

@@ -151,6 +151,10 @@ class Accelerator:
     # bytes of host memory per GPU (the node's DRAM over its GPUs): what offloaded activations may fill; 0: not
     # known, not checked
     host_memory_bytes: float = 0.0
+    # a communication kernel overlaps a persistent GEMM only where the host's launch order is the GPU's order
+    # (CUDA_DEVICE_MAX_CONNECTIONS=1): NVIDIA GPUs before Blackwell. A program that needs more hardware queues for
+    # another overlap (Megatron's 1F1B A2A overlap) then loses its TP comm-GEMM overlap (``layer_cost._comm``)
+    ordered_comm_overlap: bool = False
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -211,6 +215,8 @@ class Accelerator:
         if not (math.isfinite(self.flops_per_exp) and self.flops_per_exp >= 0):
             raise InvalidClusterError(f"{who}: flops_per_exp must be a finite number >= 0 (0: not known), "
                                       f"got {self.flops_per_exp!r}")
+        if not isinstance(self.ordered_comm_overlap, bool):
+            raise InvalidClusterError(f"{who}: ordered_comm_overlap must be true or false, got {self.ordered_comm_overlap!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve

@@ -33,7 +33,11 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
 
 With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, not under NVFP4: Transformer Engine splits
 each sequence-parallel all-gather and reduce-scatter into chunks that flow while the adjacent GEMM
-computes on the chunks already there), TP communication is hidden up to the layer's matmul time.
+computes on the chunks already there), TP communication is hidden up to the layer's matmul time; not beside
+Megatron's 1F1B A2A overlap on an accelerator whose comm-GEMM overlap needs the launch order kept
+(``Accelerator.ordered_comm_overlap``, NVIDIA before Blackwell): NVIDIA's scripts then give up
+CUDA_DEVICE_MAX_CONNECTIONS=1 for the A2A overlap, and "communication kernel will be pushed to the end of the GEMM
+kernel, failing to overlap the kernels" (Megatron-Bridge scripts/performance/perf_plugins.py @v0.4.0).
 What hides (TP under the matmuls, CP's K/V all-gather under the attention core) slows the compute
 it runs beside by ``Software.overlap_slowdown`` of its time (``data_parallel.py``); that share is
 counted with the layer's communication. CPU ranks overlap nothing, so there it is zero.
@@ -386,7 +390,10 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
         tp_bwd_s += regather_s(shape, cluster)
         tp_bwd_b += 2 * bus_bytes("all-gather", act, tp)
     hidden = 0.0  # communication run under compute, which it slows (Software.overlap_slowdown)
-    if shape.software.overlaps_tp_comm(shape.dtype) and shape.sp:
+    # before Blackwell the TP comm-GEMM overlap needs one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1), which the
+    # 1F1B A2A overlap gives up for more (Accelerator.ordered_comm_overlap): then the TP collectives wait
+    ordered = shape.ep_overlap and cluster.accelerator.ordered_comm_overlap
+    if shape.software.overlaps_tp_comm(shape.dtype) and shape.sp and not ordered:
         hidden = min(tp_fwd_s, matmul_s_[0]) + min(tp_bwd_s, matmul_s_[1])
         tp_fwd_s, tp_bwd_s = max(0.0, tp_fwd_s - matmul_s_[0]), max(0.0, tp_bwd_s - matmul_s_[1])
     ep_s = ep_b = 0.0

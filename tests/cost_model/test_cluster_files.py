@@ -376,7 +376,8 @@ def _h100_numbers() -> dict:
     ("flops_per_exp", -256.0, ">= 0"), ("flops_per_exp", "many", "finite number"),
     ("host_link_Bps", -1.0, ">= 0"), ("host_link_Bps", "fast", "finite number"),
     ("host_link_Bps", float("inf"), "finite"), ("host_memory_bytes", -1.0, ">= 0"),
-    ("host_memory_bytes", "big", "finite number")])
+    ("host_memory_bytes", "big", "finite number"), ("ordered_comm_overlap", 1, "true or false"),
+    ("ordered_comm_overlap", "yes", "true or false")])
 def test_a_malformed_accelerator_field_is_refused_naming_it(tmp_path, field, value, rule) -> None:
     data = _h100_numbers()
     data["accelerator"][field] = _n(value)

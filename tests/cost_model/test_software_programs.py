@@ -565,7 +565,9 @@ def test_megatrons_a2a_overlap_hides_the_expert_all_to_alls_under_the_paired_com
     and what hides slows compute by overlap_slowdown. The estimate applies it only where Megatron does:
     expert parallelism, no full recomputation, virtual stages under pipelining."""
     cfg = zoo.config("mixtral-8x7b")
-    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm", nodes=4)
+    h100 = Cluster.preset("h100-sxm", nodes=4)  # without the launch-order rule of Hopper's TP overlap (next test)
+    graph, cluster = make_graph(cfg), dataclasses.replace(
+        h100, accelerator=dataclasses.replace(h100.accelerator, ordered_comm_overlap=False))
     perf = software_named("megatron-core-perf-recipes")
     overlapped = dataclasses.replace(perf, ep_comm_overlap=True)
     base = LayerShape(dims=graph.dims, micro_batch=1, seq_len=4096, tp=2, ep=8, sp=True, software=perf)
@@ -588,6 +590,29 @@ def test_megatrons_a2a_overlap_hides_the_expert_all_to_alls_under_the_paired_com
     # Megatron refuses the overlap under pipelining without virtual stages, and beside full recomputation
     assert step(overlapped, pp=2, dp=8) == step(perf, pp=2, dp=8)
     assert step(overlapped, recompute="full") == step(perf, recompute="full")
+
+
+def test_before_blackwell_the_a2a_overlap_gives_up_the_tp_comm_overlap(make_graph) -> None:
+    """Accelerator.ordered_comm_overlap: on Hopper and Ampere, Transformer Engine's TP comm-GEMM overlap needs
+    CUDA_DEVICE_MAX_CONNECTIONS=1, which NVIDIA's scripts give up for Megatron's 1F1B A2A overlap; so beside it the
+    sequence-parallel collectives wait as if no overlap were set, while without it, or on Blackwell, they hide."""
+    graph = make_graph(zoo.config("mixtral-8x7b"))
+    h100, gb200 = Cluster.preset("h100-sxm", nodes=4), Cluster.preset("gb200-nvl72")
+    free = dataclasses.replace(h100, accelerator=dataclasses.replace(h100.accelerator, ordered_comm_overlap=False))
+    perf = software_named("megatron-core-perf-recipes")
+    base = LayerShape(dims=graph.dims, micro_batch=1, seq_len=4096, tp=2, ep=8, sp=True, software=perf,
+                      ep_overlap=True)
+    ordered, unordered = layer_cost(base, h100), layer_cost(base, free)
+    waits = layer_cost(dataclasses.replace(base, software=dataclasses.replace(perf, tp_comm_overlap=False)), free)
+    assert (ordered.fwd_comm_s, ordered.bwd_comm_s) == pytest.approx((waits.fwd_comm_s, waits.bwd_comm_s), rel=1e-12)
+    assert ordered.fwd_comm_s > unordered.fwd_comm_s and ordered.bwd_comm_s > unordered.bwd_comm_s
+    plain = dataclasses.replace(base, ep_overlap=False)  # no A2A overlap: one hardware queue, the TP overlap stays
+    assert layer_cost(plain, h100).fwd_comm_s == pytest.approx(layer_cost(plain, free).fwd_comm_s, rel=1e-12)
+    assert layer_cost(base, gb200).fwd_comm_s < layer_cost(
+        dataclasses.replace(base, software=dataclasses.replace(perf, tp_comm_overlap=False)), gb200).fwd_comm_s
+    assert [Cluster.preset(n).accelerator.ordered_comm_overlap
+            for n in ("a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200-nvl72", "mi300x")] == [
+        True, True, True, True, False, False, False]
 
 
 def test_transformer_engine_s_cudnn_attention_runs_the_core_at_its_benchmarked_rate() -> None:
