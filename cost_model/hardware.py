@@ -216,7 +216,8 @@ class Accelerator:
             raise InvalidClusterError(f"{who}: flops_per_exp must be a finite number >= 0 (0: not known), "
                                       f"got {self.flops_per_exp!r}")
         if not isinstance(self.ordered_comm_overlap, bool):
-            raise InvalidClusterError(f"{who}: ordered_comm_overlap must be true or false, got {self.ordered_comm_overlap!r}")
+            raise InvalidClusterError(f"{who}: ordered_comm_overlap must be true or false, "
+                                      f"got {self.ordered_comm_overlap!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
