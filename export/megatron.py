@@ -5,8 +5,10 @@ The flags are those of Megatron-LM's ``megatron/training/arguments.py`` at commi
 with its destination and kind, so that ``parse`` reads the text back as Megatron would.
 
 Mapping: ZeRO-1 and 2 are Megatron's distributed optimizer (optimizer states sharded, gradients
-reduce-scattered); HSDP is ``--num-distributed-optimizer-instances dp / zero_group``; ZeRO-3 is
-``--use-torch-fsdp2``, which Megatron refuses with pipeline or expert parallelism. Uneven first or
+reduce-scattered); HSDP is ``--num-distributed-optimizer-instances dp / zero_group``; ZeRO-3 is Megatron-FSDP,
+which the Megatron-Core presets price it as (``--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads_params``, with the ``fsdp_dtensor`` checkpoints Megatron requires of it; with expert parallelism too, as
+NVIDIA's MoE model zoo runs Qwen3-235B), not exported under pipeline parallelism. Uneven first or
 last pipeline stages are ``--decoder-first/last-pipeline-num-layers`` (the middle stages even), other
 layouts ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` layer, ``L`` loss, ``|`` between
 chunks, chunk ``i`` on pipeline rank ``i % pp``, as in meshplan). Recompute: selective is Megatron's
@@ -72,6 +74,12 @@ FLAGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--use-distributed-optimizer": ("use_distributed_optimizer", "true", ()),
     "--num-distributed-optimizer-instances": ("num_distributed_optimizer_instances", "int", ()),
     "--use-torch-fsdp2": ("use_torch_fsdp2", "true", ()),
+    # common_config.py's use_megatron_fsdp (a flag by ArgumentGroupFactory), _add_distributed_args' sharding strategy,
+    # and CheckpointConfig's ckpt_format, which Megatron-FSDP requires to be fsdp_dtensor
+    "--use-megatron-fsdp": ("use_megatron_fsdp", "true", ()),
+    "--data-parallel-sharding-strategy": ("data_parallel_sharding_strategy", "str",
+                                          ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+    "--ckpt-format": ("ckpt_format", "str", ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")),
     "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", "true", ()),
     "--recompute-granularity": ("recompute_granularity", "str", ("full", "selective")),
     # TransformerConfig's cpu_offloading_num_layers, made a flag by ArgumentGroupFactory; > 0 turns on
@@ -159,10 +167,7 @@ def unsupported(plan: Plan) -> list[str]:
     if m.pp > 1 and plan.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
         missing.append(f"the {plan.schedule} pipeline schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
     if plan.zero_stage == 3 and m.pp > 1:
-        missing.append("ZeRO-3 under pipeline parallelism (--use-torch-fsdp2 is not supported with pipeline "
-                       "parallelism)")
-    if plan.zero_stage == 3 and m.ep > 1:
-        missing.append("ZeRO-3 with expert parallelism (--use-torch-fsdp2 is not supported with expert parallelism)")
+        missing.append("ZeRO-3 under pipeline parallelism (Megatron-FSDP beside pipeline stages is not exported)")
     if plan.zero_group and plan.zero_stage == 3:
         missing.append(f"HSDP zero_group={plan.zero_group} with ZeRO-3 (distributed-optimizer instances are "
                        "ZeRO-1/2)")
@@ -218,8 +223,9 @@ def _memory_args(plan: Plan) -> list[str]:
         args.append("--use-distributed-optimizer")
         if plan.zero_group:
             args += ["--num-distributed-optimizer-instances", str(plan.mesh.dp // plan.zero_group)]
-    elif plan.zero_stage == 3:
-        args += ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"]
+    elif plan.zero_stage == 3:  # Megatron-FSDP, as the Megatron-Core presets price ZeRO-3
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                 "--ckpt-format", "fsdp_dtensor"]
     kinds, modules = recompute_kinds(plan), _recompute_modules(plan)
     if Recompute.OFFLOAD in kinds:
         args += ["--cpu-offloading-num-layers", str(plan.recompute.count(Recompute.OFFLOAD))]

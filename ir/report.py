@@ -104,7 +104,8 @@ def _fusion_note(plan: Plan) -> str:
 def _axis_note(plan: Plan, axis: str) -> str:
     return {"pp": "pipeline stages", "dp": "data-parallel replicas", "cp": "context (sequence) shards",
             "tp": "tensor-parallel shards" + (" + sequence parallel" if plan.sequence_parallel else ""),
-            "ep": "expert shards (inside dp x cp)"}[axis]
+            "ep": ("expert shards over tp x dp x cp, each expert whole" if plan.mesh.ep_over_tp
+                   else "expert shards (inside dp x cp)")}[axis]
 
 
 def _zero_note(stage: int) -> str:

@@ -116,6 +116,8 @@ def test_megatron_may_fold_ep_over_tp_where_ep_fits_in_dp_and_keeps_the_experts_
     folded = plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": True}, **kw)[0]
     split = plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": False}, **kw)[0]
     assert folded.mesh.fold_ep and folded.mesh.ep_over_tp and folded.sequence_parallel
+    assert "expert shards over tp x dp x cp, each expert whole" in folded.report()
+    assert "expert shards (inside dp x cp)" in split.report()
     assert not split.mesh.fold_ep and not split.mesh.ep_over_tp
     # one pipeline stage of 16 ranks: ep 8 x 2 replicas; folded, the replicas are at stride 8 over tp x dp
     assert (folded.mesh.expert_replicas, split.mesh.expert_replicas) == (2, 1)
