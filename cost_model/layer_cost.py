@@ -29,7 +29,8 @@ Exposed communication inside a layer (nothing hides it, as in Megatron without
   (``Software.ep_comm_overlap``) hides the forward's under the paired backward's compute and vice versa.
 * CP: ring attention (Liu et al. 2023) all-gathers K and V of the whole sequence per forward and
   all-gathers them again plus reduce-scatters their gradients per backward; the transfers overlap
-  the attention core, so only what exceeds it is exposed. Group: cp ranks, stride tp.
+  the attention core, so only what exceeds it is exposed (not beside the 1F1B A2A overlap on an accelerator with
+  ``ordered_comm_overlap``, below). Group: cp ranks, stride tp.
 
 With ``Software.tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, not under NVFP4: Transformer Engine splits
 each sequence-parallel all-gather and reduce-scatter into chunks that flow while the adjacent GEMM
@@ -415,8 +416,11 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
     kv_all = 2 * shape.micro_batch * shape.seq_len * max(kv_width(d) / tp, d.head_dim) * ab
     cp_ag = collective_time("all-gather", kv_all, cp, tp, cluster)
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
-    cp_fwd = max(0.0, cp_ag - core_fwd_s)
-    cp_bwd = max(0.0, cp_ag + cp_rs - 2.5 * core_fwd_s)
+    # the K/V exchange hides under the attention core, but not beside the A2A overlap where that needs the launch
+    # order (``ordered``: NVIDIA's scripts keep one hardware queue for tp > 1 or cp > 1 only without it)
+    window_fwd, window_bwd = (0.0, 0.0) if ordered else (core_fwd_s, 2.5 * core_fwd_s)
+    cp_fwd = max(0.0, cp_ag - window_fwd)
+    cp_bwd = max(0.0, cp_ag + cp_rs - window_bwd)
     hidden += (cp_ag - cp_fwd) + (cp_ag + cp_rs - cp_bwd)
     slowed = 0.0 if cluster.cpu_ranks else shape.software.overlap_slowdown * hidden / 2  # half forward, half backward
     cp_b = bus_bytes("all-gather", kv_all, cp)

@@ -595,7 +595,8 @@ def test_megatrons_a2a_overlap_hides_the_expert_all_to_alls_under_the_paired_com
 def test_before_blackwell_the_a2a_overlap_gives_up_the_tp_comm_overlap(make_graph) -> None:
     """Accelerator.ordered_comm_overlap: on Hopper and Ampere, Transformer Engine's TP comm-GEMM overlap needs
     CUDA_DEVICE_MAX_CONNECTIONS=1, which NVIDIA's scripts give up for Megatron's 1F1B A2A overlap; so beside it the
-    sequence-parallel collectives wait as if no overlap were set, while without it, or on Blackwell, they hide."""
+    sequence-parallel collectives wait as if no overlap were set, and so does the CP exchange, while without it, or
+    on Blackwell, they hide."""
     graph = make_graph(zoo.config("mixtral-8x7b"))
     h100, gb200 = Cluster.preset("h100-sxm", nodes=4), Cluster.preset("gb200-nvl72")
     free = dataclasses.replace(h100, accelerator=dataclasses.replace(h100.accelerator, ordered_comm_overlap=False))
@@ -613,6 +614,14 @@ def test_before_blackwell_the_a2a_overlap_gives_up_the_tp_comm_overlap(make_grap
     assert [Cluster.preset(n).accelerator.ordered_comm_overlap
             for n in ("a100-80gb", "a100-40gb", "h100-sxm", "h200", "b200", "gb200-nvl72", "mi300x")] == [
         True, True, True, True, False, False, False]
+    # context parallelism's K/V exchange (tp 1: no TP traffic), which hides under the attention core, waits beside
+    # the A2A overlap too, and only there
+    ring = dataclasses.replace(base, tp=1, sp=False, cp=4, seq_len=32768)
+    assert layer_cost(ring, h100).fwd_comm_s > layer_cost(ring, free).fwd_comm_s
+    assert layer_cost(ring, h100).bwd_comm_s > layer_cost(ring, free).bwd_comm_s
+    no_a2a_overlap = dataclasses.replace(ring, ep_overlap=False)
+    assert layer_cost(no_a2a_overlap, h100).fwd_comm_s == pytest.approx(layer_cost(no_a2a_overlap, free).fwd_comm_s,
+                                                                        rel=1e-12)
 
 
 def test_transformer_engine_s_cudnn_attention_runs_the_core_at_its_benchmarked_rate() -> None:
