@@ -184,7 +184,7 @@ def data_parallel_cost(params: RankParams, *, cluster: Cluster, mesh: Mesh, zero
     ``tp * cp * zero_group``; the experts stay sharded over all their replicas. Under pipeline
     parallelism a program with ``software.fsdp_under_pipeline`` runs FSDP2 as ``_pipelined_ops`` says."""
     param_b, grad_b, _ = STATE_BYTES[dtype]
-    grad_b = 4 if software.fp32_grad_reduce else grad_b
+    grad_b = 4 if software.reduces_grads_in_fp32(zero_stage) else grad_b
     if software.keeps_fp8_weights(dtype, zero_stage):
         # FP8 (or NVFP4) weights, all-gathered at that width after the step (Software.fp8_param_gather)
         param_b = GEMM_OPERAND_BYTES[dtype]

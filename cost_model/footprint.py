@@ -141,7 +141,7 @@ def _comm_buffers(summary: ModelSummary, plan: Plan, bucket_params: float, dense
         total += 2 * act * d.top_k / (mesh.tp if mesh.ep_over_tp else 1)
     if mesh.cp > 1:
         total += 2 * 2 * plan.micro_batch_size * plan.seq_len * kv_width(d) / mesh.tp * ab  # K,V and their grads
-    param_b, grad_b = STATE_BYTES[plan.dtype][0], _unsharded_grad_bytes(plan.dtype, software)
+    param_b, grad_b = STATE_BYTES[plan.dtype][0], _unsharded_grad_bytes(plan.dtype, software, plan.zero_stage)
     if mesh.pp > 1 and software.fsdp_under_pipeline and plan.zero_stage >= 2 and mesh.dp * mesh.cp > 1:
         # torch pipelining keeps FSDP2's gradients unsharded over the micro-batches, and ZeRO-3's
         # parameters gathered after the first backward, until its reduce after the schedule
@@ -184,12 +184,13 @@ def _state_dtype(dtype: str, software: Software) -> str:
     return "float32" if software.fp32_params else dtype
 
 
-def _unsharded_grad_bytes(dtype: str, software: Software) -> float:
+def _unsharded_grad_bytes(dtype: str, software: Software, zero_stage: int) -> float:
     """Bytes per parameter of a gathered unit's gradients before the reduce: under ``fp32_params`` (or a 16-bit
-    program's ``fp32_grad_reduce``) with a 16-bit compute dtype, the gradient in that dtype and FSDP2's fp32 copy
-    for the reduce-scatter."""
+    program's fp32 gradient reduce, ``Software.reduces_grads_in_fp32``) with a 16-bit compute dtype, the gradient in
+    that dtype and FSDP2's fp32 copy for the reduce-scatter."""
     grad_b = STATE_BYTES[dtype][1]
-    return grad_b + 4.0 if (software.fp32_params or software.fp32_grad_reduce) and dtype != "float32" else grad_b
+    fp32 = software.fp32_params or software.reduces_grads_in_fp32(zero_stage)
+    return grad_b + 4.0 if fp32 and dtype != "float32" else grad_b
 
 
 def _grads_at_peak(plan: Plan, grads: float, activations: float) -> float:
@@ -227,7 +228,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     state_params = states["optimizer"] / STATE_BYTES[state_dtype][2]  # the parameters whose state the rank holds
     if not software.master_weights and state_dtype != "float32":  # Adam's two moments in the parameters' dtype
         states["optimizer"] = 2.0 * STATE_BYTES[state_dtype][0] * state_params
-    if software.fp32_grad_reduce and state_dtype != "float32" and not runs_fsdp(mesh, plan.zero_stage, software):
+    if (software.reduces_grads_in_fp32(plan.zero_stage) and state_dtype != "float32"
+            and not runs_fsdp(mesh, plan.zero_stage, software)):
         # Megatron's gradient buffers take the reduce dtype: fp32 main_grad for a 16-bit model
         # (megatron/core/distributed/distributed_data_parallel.py groups parameters by (param_dtype, grad_dtype));
         # FSDP2 casts its reduced shard back to the parameter's dtype (Software.master_weights)

@@ -399,6 +399,15 @@ class Software:
         the tp ranks (``ir.Mesh.ep_over_tp``: each expert whole on its ranks)."""
         return self.expert_tp and not ep_over_tp
 
+    def reduces_grads_in_fp32(self, zero_stage: int) -> bool:
+        """Whether the gradients of a plan at ``zero_stage`` are accumulated and reduced in fp32
+        (``fp32_grad_reduce``). Not under Megatron-FSDP, ZeRO-3 of a Megatron-Core program (``megatron_buckets``):
+        its main gradients and their reduce-scatter take the model's own dtype unless told otherwise
+        (``--megatron-fsdp-main-grads-dtype`` and ``--megatron-fsdp-grad-comm-dtype`` default to "auto", "the native
+        model gradient data-type", in Megatron-LM megatron/training/arguments.py @d98e8a64dd), whatever
+        Megatron-LM's fp32 accumulation of the distributed optimizer says."""
+        return self.fp32_grad_reduce and not (zero_stage == 3 and self.megatron_buckets)
+
     def overlaps_tp_comm(self, dtype: str) -> bool:
         """Whether a plan in ``dtype`` runs its TP communication under the GEMMs (``tp_comm_overlap``; never
         under NVFP4, float4: the module docstring)."""

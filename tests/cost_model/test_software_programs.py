@@ -952,3 +952,22 @@ def test_blackwells_exponentials_bound_a_head_dim_64_forward_and_a_short_window_
     expected = attention_fwd_bwd_s(h100, "bfloat16", full * lc.window_share(oss, 4096), head_dim=64, seq_len=4096,
                                    kernel="cudnn", pair_dim=64)
     assert lc.core_s(shape, h100_cluster) == pytest.approx(expected)
+
+
+def test_megatron_fsdp_reduces_gradients_in_the_models_dtype_where_the_distributed_optimizer_uses_fp32(
+        make_graph, make_plan) -> None:
+    """Software.reduces_grads_in_fp32: Megatron-LM accumulates and reduces bf16 gradients in fp32 under its
+    distributed optimizer (megatron-core-2024's fp32_grad_reduce), but Megatron-FSDP, ZeRO-3 of a Megatron-Core
+    program, keeps them in the model's dtype ("auto"): half the reduce-scatter's bytes of the fp32 count, and its
+    gradient memory in bf16. meshplan's runtime (FSDP2, no fp32 reduce) is unchanged."""
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm", nodes=2)
+    mcore = software_named("megatron-core-2024")
+    assert mcore.fp32_grad_reduce and mcore.reduces_grads_in_fp32(1) and not mcore.reduces_grads_in_fp32(3)
+    assert not DEFAULT_SOFTWARE.reduces_grads_in_fp32(3)
+    as_fp32 = dataclasses.replace(mcore, megatron_buckets=False)  # the same program, told to reduce in fp32
+    assert as_fp32.reduces_grads_in_fp32(3)
+    plan = make_plan(cfg, cluster, global_batch=16, seq_len=4096, tp=1, dp=16, zero=3, recompute="full")
+    fsdp, fp32 = (estimate(graph, cluster, plan, software=s) for s in (mcore, as_fp32))
+    # per micro-batch: gather forward and backward (2 bytes a parameter each), reduce-scatter (2 or 4 bytes)
+    assert fp32.comm_bytes["dp"] / fsdp.comm_bytes["dp"] == pytest.approx((2 + 2 + 4) / (2 + 2 + 2), rel=1e-6)
