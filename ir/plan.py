@@ -78,9 +78,9 @@ class Mesh:
 
     @property
     def ep_over_tp(self) -> bool:
-        """Whether the expert-parallel group takes tp ranks too (``ep`` does not divide ``dp * cp``): each
-        expert whole on its ranks, every tp rank routing its own tokens (Megatron-Core's MoE folding with
-        expert tensor parallelism 1; module docstring)."""
+        """Whether the expert-parallel group takes tp ranks too (``ep`` does not divide ``dp * cp``, or
+        ``fold_ep``): each expert whole on its ranks, every tp rank routing its own tokens (Megatron-Core's MoE
+        folding with expert tensor parallelism 1; module docstring)."""
         return self.fold_ep or (self.dp * self.cp) % self.ep != 0
 
     @property
