@@ -18,7 +18,8 @@ layers (Llama 3.1 405B: 126 layers on pp 16 x vp 8) gets Megatron-LM's account-f
 split, and the optional columns ``first_stage_layers`` / ``last_stage_layers`` (Megatron's
 ``--decoder-first/last-pipeline-num-layers``) and ``zero_group`` (an FSDP2/HSDP shard group, which
 may span nodes) are applied where a row has them. ``--rows TEXT`` keeps the rows whose model
-contains TEXT.
+contains TEXT. In the plan columns ``ep8f`` is ep 8 folded over tp by choice (``ir.Mesh.fold_ep``: Megatron's
+``--expert-tensor-parallel-size 1`` where ep fits in dp), ``g`` an HSDP shard group, ``rc:`` the recomputation.
 """
 from __future__ import annotations
 
