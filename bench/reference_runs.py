@@ -81,7 +81,8 @@ or one whose axes do not multiply to the GPUs, an accelerator without a preset, 
 the source does not state, an architecture neither a zoo family
 nor a traced config expresses (hybrid Mamba). Megatron's ep over tp x dp (Qwen3-235B on H100: tp 2, ep 32)
 is predicted as folded (``ir.Mesh.ep_over_tp``); ``expert_tp`` is Megatron's --expert-tensor-parallel-size where a
-row states it: 1 folds ep over tp even where it fits in dp (``ir.Mesh.fold_ep``), tp splits every expert. What a row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
+row states it: 1 folds ep over tp even where it fits in dp (``ir.Mesh.fold_ep``), tp splits every expert. What a
+row does not publish and was assumed is in its ``notes`` (recompute: none unless stated;
 micro-batch 1; Megatron-FSDP (``FSDP`` > 0 in Megatron-Bridge's tables) predicted as ZeRO-3). The Llama 3.1
 405B rows split their pipeline as Megatron's account-for-embedding/loss flags do (``pipeline_split``), the
 split the Megatron-Bridge recipe sets and the Llama 3 paper describes (sec. 3.3.2). Where a row's recipe is

@@ -229,7 +229,8 @@ class Accelerator:
             self.sync_overhead_s, self.fsdp_unit_s, self.tp_style_fwd_s, self.tp_style_bwd_s,
             self.transcendental_s_per_elem, self.first_touch_s_per_byte,
             self.attention_by_head_dim, self.attention_by_seq_len, self.cudnn_attention_by_seq_len,
-            self.cudnn_window_attention, self.flops_per_exp)))
+            self.cudnn_window_attention, self.flops_per_exp, self.host_link_Bps, self.host_memory_bytes,
+            self.ordered_comm_overlap)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -418,9 +418,9 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
     cp_rs = collective_time("reduce-scatter", kv_all, cp, tp, cluster)
     # the K/V exchange hides under the attention core, but not beside the A2A overlap where that needs the launch
     # order (``ordered``: NVIDIA's scripts keep one hardware queue for tp > 1 or cp > 1 only without it)
-    window_fwd, window_bwd = (0.0, 0.0) if ordered else (core_fwd_s, 2.5 * core_fwd_s)
-    cp_fwd = max(0.0, cp_ag - window_fwd)
-    cp_bwd = max(0.0, cp_ag + cp_rs - window_bwd)
+    cover_fwd, cover_bwd = (0.0, 0.0) if ordered else (core_fwd_s, 2.5 * core_fwd_s)  # the core it hides under
+    cp_fwd = max(0.0, cp_ag - cover_fwd)
+    cp_bwd = max(0.0, cp_ag + cp_rs - cover_bwd)
     hidden += (cp_ag - cp_fwd) + (cp_ag + cp_rs - cp_bwd)
     slowed = 0.0 if cluster.cpu_ranks else shape.software.overlap_slowdown * hidden / 2  # half forward, half backward
     cp_b = bus_bytes("all-gather", kv_all, cp)

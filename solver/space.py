@@ -42,7 +42,7 @@ from typing import Any
 import sympy
 
 from ..cost_model import TierKind
-from ..ir import InfeasibleError, ModelDims, PlanError, Schedule, limits
+from ..ir import InfeasibleError, Mesh, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
                      "tp_replicate", "gpipe", "zero_bubble", "offload", "offload_pp", "offload_rc"})  # grows with it
@@ -274,7 +274,7 @@ def candidates(dims: ModelDims, *, world: int, domain: int, global_batch: int, s
         sps = (True,) if mesh["tp"] > 1 and seq_len % mesh["tp"] == 0 and "sp" in runtime else (False,)
         if "sp" in fixed:
             sps = (fixed["sp"],) if fixed["sp"] in (True, False) and (not fixed["sp"] or mesh["tp"] > 1) else ()
-        if (mesh["dp"] * mesh["cp"]) % mesh["ep"] or mesh.get("fold_ep"):  # ep over tp: each routes its own slice
+        if Mesh(**mesh).ep_over_tp:  # ep over tp ranks: each routes its own sequence slice
             sps = tuple(sp for sp in sps if sp)
         zeros = [z for z in zero_stages(runtime) if fixed.get("zero", z) == z
                  and (z == 0 or mesh["dp"] * mesh["cp"] > 1)  # ZeRO shards over dp x cp
