@@ -133,6 +133,12 @@ def test_megatron_may_fold_ep_over_tp_where_ep_fits_in_dp_and_keeps_the_experts_
         dataclasses.replace(folded, software="meshplan").emit(tmp_path / "train.py")
     with pytest.raises(ir.InvalidPlanError, match="mesh.fold_ep folds the expert-parallel group over tp ranks"):
         ir.Mesh(tp=1, dp=8, ep=8, fold_ep=True)
+    with pytest.raises(ir.PlanError, match=r"fixed: fold_ep='yes'; expected True or False"):
+        plans("mixtral-8x7b", "h100-sxm:2x8", fixed={**base, "fold_ep": "yes"}, **kw)
+    data = folded.to_dict()
+    data["mesh"]["fold_ep"] = "yes"  # a plan file's malformed flag, named
+    with pytest.raises(ir.PlanError, match=r"mesh.fold_ep: expected true or false, got 'yes'"):
+        ir.Plan.from_dict(data)
 
 
 def test_the_hybridep_preset_prices_one_network_copy_per_node_and_exports_the_flex_dispatcher() -> None:
