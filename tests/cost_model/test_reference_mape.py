@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import ir, zoo
+from meshplan.cost_model import Cluster
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "reference_runs.py"
 
@@ -370,6 +371,20 @@ def test_rows_run_with_expandable_segments_are_those_nvidia_s_scripts_set_it_for
     runs = [r for r in found if r.run.expandable_segments]  # (DeepSeek-V3, not traced here, is not among them)
     assert runs and {r.run.label.split(" @")[0] for r in runs} <= {row["model"][:38] for row in marked + zoo}
     assert all(r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes for r in runs)
+
+
+def test_the_blackwell_ultra_presets_hold_what_nvidia_s_whole_gpu_mig_profile_names(results) -> None:
+    """The GB300 and B300 presets take the capacity their whole-GPU MIG profile names (7g.278gb, 7g.269gb in
+    NVIDIA's gpu-operator), less the under-1-GiB rounding seen on the GPUs whose nvidia-smi total is known, not the
+    279 GB a rack's rounded 20 TB gives. So Llama 3.1 405B's published GB300 plans, which ran in every release
+    (tp 2 x cp 2 and tp 4, pp 8 x vp 4, up to 282.8 GB in the model), fit; at 279 GB four of them did not."""
+    _, found, _ = results
+    for preset, mig_gib in (("gb300-nvl72", 278), ("b300", 269)):
+        memory = Cluster.preset(preset, nodes=1).accelerator.memory_bytes
+        assert (mig_gib - 1) * 2**30 <= memory < mig_gib * 2**30
+    llama = [r for r in found if r.run.label.startswith("LLAMA3.1_405B (GB300")]
+    assert len(llama) >= 15 and max(r.prediction.peak_memory_bytes for r in llama) > 279e9 - 2e9
+    assert all(r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes for r in llama)
 
 
 def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_the_moe_rows(results) -> None:
