@@ -40,12 +40,14 @@ def _pin_args(p: argparse.ArgumentParser) -> None:
                         "(Megatron's --expert-tensor-parallel-size 1)")
     g.add_argument("--recompute", choices=("none", "selective", "full", "offload"))
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"))
+    g.add_argument("--zero-group", type=int, metavar="G",
+                   help="shard ZeRO-2/3 state over HSDP groups of G data-parallel ranks; 0: over all of them")
 
 
 def _fixed(args: argparse.Namespace) -> dict:
     keys = {"tp": "tp", "dp": "dp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "zero": "zero",
             "micro_batch": "micro_batch", "num_microbatches": "num_microbatches", "sp": "sp",
-            "recompute": "recompute", "schedule": "schedule", "fold_ep": "fold_ep"}
+            "recompute": "recompute", "schedule": "schedule", "fold_ep": "fold_ep", "zero_group": "zero_group"}
     return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
 
 

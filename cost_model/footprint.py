@@ -25,12 +25,18 @@ For pipeline rank r (every dp/cp/tp rank of a pipeline rank holds the same amoun
                                  optimizer step's temporaries where they exceed the freed
                                  activations, and an allowance for the caching allocator
 
-Never under-estimate: where unsure, round up. The allocator allowance is ALLOCATOR_FRACTION of
-everything else: PyTorch's caching allocator rounds blocks up (to 2 MiB segments for large
-tensors) and fragments as activations of different sizes come and go; a 10% gap between reserved
-and allocated memory is common in torch.cuda.memory_summary() of LLM training (engineering
-allowance; GMLake, arXiv:2401.08156, measured 9.2 GB on average of 80 GB reclaimed by undoing that
-fragmentation over eight LLMs, the same order). None under expandable segments
+Never under-estimate: where unsure, round up. The allocator allowance is ALLOCATOR_FRACTION of what
+is allocated and freed as the step runs (activations, gradients, buffers): PyTorch's caching allocator
+rounds blocks up (to 2 MiB segments for large tensors) and fragments as activations of different
+sizes come and go; a 10% gap between reserved and allocated memory is common in
+torch.cuda.memory_summary() of LLM training (engineering allowance; GMLake, arXiv:2401.08156,
+measured 9.2 GB on average of 80 GB reclaimed by undoing that fragmentation over eight LLMs, the
+same order, and names its cause: the "frequent and irregular memory (de)allocation requests" of
+recomputation, offloading and distributed training). The parameters and optimizer states take none:
+each is allocated once, before the first step's activations (Megatron's contiguous parameter buffers,
+its distributed optimizer's shards, torch's optimizer state at the first step), and updated in place
+for the whole run, so no freed gap forms among them. Gradients keep it: FSDP2 and torch's
+``zero_grad(set_to_none=True)`` free and reallocate them every step. None under expandable segments
 (``Software.expandable_segments``), which unmap the pages of free blocks. The optimizer step's
 temporaries (``optimizer_temp_bytes``: foreach AdamW's ``torch._foreach_sqrt(exp_avg_sq)``, the size
 of its fp32 state shard; none for a fused one; one parameter's for a per-parameter loop) are counted
@@ -256,7 +262,8 @@ def rank_memory(summary: ModelSummary, plan: Plan, layers: RankLayers,
     optimizer_temp = optimizer_temp_bytes(plan, params.bucket, state_params, shard_group, software)
     buffers += max(0.0, optimizer_temp - activations - buffers)
     if not software.expandable_segments:  # the splitting allocator's fragmentation (Software.expandable_segments)
-        buffers += ALLOCATOR_FRACTION * (sum(states.values()) + activations + buffers)
+        buffers += ALLOCATOR_FRACTION * (states["grads"] + activations + buffers)  # what churns: not the
+        # parameters and optimizer states, allocated once and updated in place
     return {**states, "activations": activations, "buffers": buffers}
 
 

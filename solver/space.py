@@ -69,7 +69,7 @@ MEGATRON = frozenset({"tp", "sp", "zero1", "zero3", "moe_tp", "ep", "pp", "cp", 
                       EP_WITH_PP, ZERO1_WITH_PP, EP_OVER_CP, EP_OVER_TP, CP_WITH_PP, CP_WITH_EP, OFFLOAD,
                       OFFLOAD_WITH_TP})
 FIXED_KEYS = ("tp", "dp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "num_microbatches", "recompute",
-              "schedule", "vp", "fold_ep")
+              "schedule", "vp", "fold_ep", "zero_group")
 MAX_MICROBATCHES = 1024  # Megatron runs go to 512 per step (GPT-1T: global batch 512, dp 1, micro-batch 1)
 MAX_MICRO_BATCH_TOKENS = 131072
 MIN_CP_TOKENS = 1024
@@ -147,6 +147,7 @@ def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME)
                             f"leave {key} unset or 1")
     if "zero" in fixed and (isinstance(fixed["zero"], bool) or fixed["zero"] not in zero_stages(runtime)):
         raise PlanError(f"fixed: zero={fixed['zero']!r}; the runtime executes ZeRO stages {zero_stages(runtime)}")
+    _check_zero_group_pin(fixed, runtime)
     if "recompute" in fixed and fixed["recompute"] not in ("none", "selective", "full", OFFLOAD):
         raise PlanError(f"fixed: recompute={fixed['recompute']!r}; expected none, selective, full or offload")
     if fixed.get("recompute") == OFFLOAD and OFFLOAD not in runtime:
@@ -164,6 +165,26 @@ def check_fixed(fixed: dict[str, Any] | None, runtime: frozenset[str] = RUNTIME)
     _check_pipeline_pins(fixed, runtime)
     _check_context_pins(fixed, runtime)
     return fixed
+
+
+def _check_zero_group_pin(fixed: dict[str, Any], runtime: frozenset[str]) -> None:
+    """``zero_group``: 0 shards ZeRO-2/3 over all of dp (what Megatron-FSDP and DeepSpeed run), g > 1 over HSDP
+    groups of g dp ranks (``ir.Plan.zero_group``), where the program runs them."""
+    if "zero_group" not in fixed:
+        return
+    zg = fixed["zero_group"]
+    if isinstance(zg, bool) or not isinstance(zg, int) or zg < 0 or zg == 1:
+        raise PlanError(f"fixed: zero_group={zg!r}; expected 0 (shard over all of dp) or a shard group of g > 1 "
+                        "data-parallel ranks")
+    if zg and "hsdp" not in runtime:
+        raise PlanError(f"fixed: zero_group={zg}, but this program shards ZeRO state over all of dp only (no HSDP "
+                        "groups): pin zero_group 0 or leave it unset")
+    if zg and fixed.get("zero") in (0, 1):
+        raise PlanError(f"fixed: zero_group={zg} with zero={fixed['zero']}; HSDP groups shard ZeRO-2/3 state: "
+                        "pin zero 2 or 3, or leave zero_group unset")
+    if zg and "dp" in fixed and (zg >= fixed["dp"] or fixed["dp"] % zg):
+        raise PlanError(f"fixed: zero_group={zg} with dp={fixed['dp']}; a shard group must be smaller than dp and "
+                        "divide it: pin a divisor of dp, or 0")
 
 
 def _check_context_pins(fixed: dict[str, Any], runtime: frozenset[str]) -> None:

@@ -114,6 +114,7 @@ def test_an_empty_model_name_is_an_unknown_model(capsys) -> None:
     (("--vp", "3", "--pp", "1"), "vp needs pp > 1"),
     (("--tp", "3"), "tp=3 does not divide the 4 GPUs (4 % 3 = 1)"),
     (("--micro-batch", "3"), "micro_batch=3 does not divide the global batch 8"),
+    (("--zero", "1", "--zero-group", "2"), "zero_group=2 with zero=1; HSDP groups shard ZeRO-2/3 state"),
 ])
 def test_pins_no_plan_can_satisfy_get_their_own_message(capsys, extra, message) -> None:
     err = one_line_error(*run(capsys, *TINY_PLAN, *extra)[::2])
@@ -127,6 +128,14 @@ def test_a_pinned_vp_of_3_is_planned_not_dropped(capsys) -> None:
     assert code == 0, err
     plan = json.loads(out)
     assert plan["vp"] == 3 and plan["schedule"] == "interleaved-1f1b" and len(plan["stages"]) == 6
+
+
+def test_a_pinned_zero_group_reaches_the_plan(capsys) -> None:
+    for group in ("2", "0"):
+        code, out, err = run(capsys, "plan", "--model", "gpt-tiny", "--cluster", "cpu:1x4", "--global-batch", "8",
+                             "--seq-len", "64", "--dp", "4", "--zero", "3", "--zero-group", group, "--json")
+        assert code == 0, err
+        assert json.loads(out).get("zero_group", 0) == int(group)
 
 
 def test_files_that_cannot_be_read_or_written_exit_2_with_one_line(capsys, tmp_path) -> None:

@@ -125,8 +125,10 @@ def test_the_optimizer_step_holds_what_its_implementation_allocates(make_graph, 
 
 
 def test_expandable_segments_take_no_fragmentation_allowance(make_graph, make_plan) -> None:
-    """The splitting allocator's fragmentation is an allowance of ALLOCATOR_FRACTION over everything held;
-    expandable segments unmap free blocks' pages, so a program that runs them holds only what it allocates."""
+    """The splitting allocator's fragmentation is an allowance of ALLOCATOR_FRACTION over what the step allocates
+    and frees (activations, gradients, buffers), not over the parameters and optimizer states, allocated once and
+    updated in place; expandable segments unmap free blocks' pages, so a program that runs them holds only what it
+    allocates."""
     import dataclasses
 
     from meshplan import zoo
@@ -141,7 +143,9 @@ def test_expandable_segments_take_no_fragmentation_allowance(make_graph, make_pl
     expandable = memory_breakdown(graph, cluster, plan,
                                   software=dataclasses.replace(MEGATRON_CORE_2024, expandable_segments=True))
     assert {k: v for k, v in split.items() if k != "buffers"} == {k: v for k, v in expandable.items() if k != "buffers"}
-    assert sum(split.values()) == pytest.approx(sum(expandable.values()) * (1 + ALLOCATOR_FRACTION))
+    churn = sum(v for k, v in expandable.items() if k not in ("params", "optimizer"))
+    assert expandable["params"] > 0 and expandable["optimizer"] > 0
+    assert sum(split.values()) == pytest.approx(sum(expandable.values()) + ALLOCATOR_FRACTION * churn)
 
 
 def test_a_program_without_master_weights_keeps_bf16_states_and_gradient_shards(make_graph, make_plan) -> None:

@@ -12,7 +12,8 @@ SPECS = {
     # full recompute pinned: Megatron's --recompute-granularity is one value, and the planner mixes selective
     # and full layers where memory allows
     "moe": ("mixtral-8x7b", {"ep": 8, "zero": 2, "recompute": "full"}),
-    "zero3": ("llama3-8b", {"pp": 1, "tp": 1, "zero": 3}),
+    # sharded over all of dp: Megatron's distributed optimizer and DeepSpeed run no HSDP groups under ZeRO-3
+    "zero3": ("llama3-8b", {"pp": 1, "tp": 1, "zero": 3, "zero_group": 0}),
     "pipeline-ddp": ("gpt3-1.3b", {"pp": 2, "tp": 1, "zero": 0, "schedule": "1f1b"}),
 }
 

@@ -123,6 +123,10 @@ def test_check_sizes_names_each_limit(sizes, message) -> None:
     ({"sp": True, "tp": 1}, r"sp=True with tp=1; .*sp needs tp > 1"),
     ({"sp": "yes"}, r"sp='yes'; expected True or False"),
     ({"zero": True}, r"zero=True"),
+    ({"zero_group": 1}, r"zero_group=1; expected 0 .* or a shard group of g > 1"),
+    ({"zero_group": True}, r"zero_group=True; expected 0"),
+    ({"zero_group": 4, "zero": 1}, r"zero_group=4 with zero=1; HSDP groups shard ZeRO-2/3 state"),
+    ({"zero_group": 4, "dp": 6}, r"zero_group=4 with dp=6; a shard group must be smaller than dp and divide it"),
     (["tp", 2], r"fixed must be a dict"),
 ])
 def test_pins_alone_get_their_own_message(fixed, message) -> None:
@@ -159,6 +163,23 @@ def _fit(fixed, dims=DENSE, *, world=8, domain=8, global_batch=8, seq_len=4096, 
 def test_pins_against_the_request_get_their_own_message(fixed, kw, message) -> None:
     with pytest.raises(ir.InfeasibleError, match=message):
         _fit(fixed, **kw)
+
+
+def test_a_pinned_zero_group_is_the_only_one_offered_and_programs_without_hsdp_refuse_it() -> None:
+    """``zero_group`` pins HSDP's shard group (0: all of dp, as Megatron-FSDP and DeepSpeed shard): the search
+    offers that group alone; a program that runs no HSDP (Megatron-Core's) refuses a group > 1, naming it."""
+    from meshplan.solver.space import MEGATRON
+
+    offered = {c.zero_group for c in candidates(DENSE, world=8, domain=8, global_batch=8, seq_len=4096,
+                                                fixed=check_fixed({"zero": 3}))}
+    assert {0, 2, 4} <= offered
+    for g in (0, 4):
+        pinned = candidates(DENSE, world=8, domain=8, global_batch=8, seq_len=4096,
+                            fixed=check_fixed({"zero": 3, "zero_group": g}))
+        assert pinned and {c.zero_group for c in pinned} == {g}
+    assert check_fixed({"zero_group": 0}, MEGATRON) == {"zero_group": 0}
+    with pytest.raises(ir.PlanError, match=r"zero_group=4, but this program shards ZeRO state over all of dp"):
+        check_fixed({"zero_group": 4}, MEGATRON)
 
 
 def test_pins_that_fit_pass_and_leave_candidates() -> None:
