@@ -16,8 +16,8 @@ plan), Table 2's context-parallel rows with their ``cp`` column; the row that ra
 modeled (the cost model does not price it). The H100
 rows ran on Grand Teton's 96 GB HBM2e H100 at a 500 W cap: their cluster file
 (``bench/data/clusters/grand-teton-h100-96gb.json``) has the memory, its 2.4 TB/s and the network their
-source states, and the 700 W H100's matmul rate (none at 500 W is published), so those rows are expected
-to come out optimistic.
+source states, and the middle of the peak-rate interval it states (between the H100 SXM's and the H100 NVL's:
+no rate at 500 W is published), with the 700 W SXM's measured fraction of its peak.
 
 The same rows are a source of ``bench/reference_runs.py``'s in-sample and leave-one-source-out tables
 (``reference_runs.torchtitan_plan`` builds each row's plan for both benches).

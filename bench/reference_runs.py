@@ -181,8 +181,8 @@ from meshplan.solver.stages import bounds, megatron_counts
 # shared notes so that a clone of the repository has them)
 DATA = Path(__file__).resolve().parent / "data"
 TORCHTITAN_CSV = DATA / "torchtitan_runs.csv"  # torchtitan's FSDP2 runs, in their own columns (``torchtitan_run``)
-# the Grand Teton H100 96GB HBM2e hosts of torchtitan's H100 runs, as a cluster file (what its source states; the
-# rest, the matmul rate at 500 W among it, the h100-sxm preset's)
+# the Grand Teton H100 96GB HBM2e hosts of torchtitan's H100 runs, as a cluster file (what its source states, the peak
+# rate the middle of the SXM-to-NVL interval it gives; the rest the h100-sxm preset's)
 GRAND_TETON = DATA / "clusters" / "grand-teton-h100-96gb.json"
 
 # The program of each MLPerf Training round's NVIDIA NeMo implementation (``software_of``; each round is its own
@@ -246,10 +246,10 @@ SOFTWARE = {
     # torchtitan's published FSDP2 runs (bench/data/torchtitan_runs.csv, ``torchtitan_run``): PyTorch's own FSDP2 and
     # DTensor TP in eager mode, the stack meshplan's runtime emits, with torchtitan's op-level selective
     # recompute (every second matmul recomputed, the attention output kept): the torchtitan preset, with
-    # +fused-norm where the run's config used torchtitan's fused Triton RMSNorm (``torchtitan_software``). Not carried:
-    # the matmul rate of the H100 rows' parts at their 500 W cap (their cluster
-    # file, ``GRAND_TETON``, has the 96 GB of HBM2e at 2.4 TB/s and the network their source states, and the 700 W
-    # H100's matmul rate: optimistic by construction).
+    # +fused-norm where the run's config used torchtitan's fused Triton RMSNorm (``torchtitan_software``). Not known:
+    # the peak rate of the H100 rows' parts at their 500 W cap (their cluster file, ``GRAND_TETON``, has the 96 GB of
+    # HBM2e at 2.4 TB/s and the network their source states, and the middle of the interval it puts the peak in,
+    # between the H100 SXM's and the H100 NVL's).
     "torchtitan": "torchtitan",
     # MLPerf Training's LLM submissions: one source here, whose rows each run their round's program (``software_of``)
     "mlperf": MLPERF_SOFTWARE["v5.1"],
@@ -523,7 +523,8 @@ def torchtitan_run(row: dict[str, str]) -> Run | str:
         return built
     plan, cluster, cfg = built
     gpu = row["gpu_type"]
-    assumed = "the 500 W part's matmul rate unpublished: the 700 W H100's" if "96GB" in gpu else ""
+    assumed = ("the 500 W part's peak unpublished: the middle of the SXM-to-NVL interval its source gives"
+               if "96GB" in gpu else "")
     mesh, short = plan.mesh, {"compile": "+compile", "float8": "+fp8"}
     label = (f"{row['model']} torchtitan {gpu.split()[0]} dp{mesh.dp}" + (f" tp{mesh.tp}" if mesh.tp > 1 else "")
              + (f" cp{mesh.cp}" if mesh.cp > 1 else "") + "".join(short[e] for e in torchtitan_extras(row)))

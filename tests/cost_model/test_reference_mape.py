@@ -205,6 +205,11 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     h100 = [r for r in runs if "H100" in r.label]
     assert len(h100) == 15 and all(r.cluster.accelerator.memory_bw_Bps == 2.4e12 and
                                   r.cluster.accelerator.memory_bytes == 96 * 2**30 for r in h100)
+    # its peak "between SXM and NVL" (the source's footnote 2): the middle of the H100 SXM's 989.4 and the H100 NVL's
+    # 835.5 dense BF16 TFLOPS, below the h100-sxm preset's
+    sxm = Cluster.preset("h100-sxm").accelerator
+    assert all(r.cluster.accelerator.peak("bfloat16") == pytest.approx((989.4e12 + 835.5e12) / 2) for r in h100)
+    assert all(r.cluster.accelerator.peak("bfloat16") < sxm.peak("bfloat16") for r in h100)
     # Trainy's H200 rows on the h200 preset (a 700 W part: no power cap to leave unpriced)
     h200 = [r for r in runs if "H200" in r.label]
     assert len(h200) == 2 and all(r.hardware == "h200" and r.software == "torchtitan+compile+float8" for r in h200)
