@@ -25,7 +25,21 @@ def check_pins_fit(dims: ModelDims, *, world: int, domain: int, global_batch: in
     _check_layers(dims, model_name, fixed)
     if fixed.get("vp", 1) > 1 and world == 1:
         raise InfeasibleError(f"fixed: vp={fixed['vp']} needs pp > 1 but the cluster has 1 GPU; leave vp unset")
+    _check_zero_group(world, global_batch, fixed)
     _check_batch(global_batch, fixed)
+
+
+def _check_zero_group(world: int, global_batch: int, fixed: dict[str, Any]) -> None:
+    """An HSDP shard group of g ranks needs a data-parallel degree that is a larger multiple of g: one that divides
+    the GPUs and the global batch."""
+    g = fixed.get("zero_group", 0)
+    if not g or "dp" in fixed:  # a pinned dp is checked with the pins alone (space.check_fixed)
+        return
+    if not any(dp > g and dp % g == 0 and global_batch % dp == 0 for dp in range(2 * g, world + 1, g)
+               if world % dp == 0):
+        raise InfeasibleError(f"fixed: zero_group={g} needs a data-parallel degree that is a multiple of it, larger "
+                              f"than it, and divides the {world} GPUs and the global batch {global_batch}; none does: "
+                              "pin a smaller shard group, or 0 (shard over all of dp)")
 
 
 def _check_mesh_product(world: int, fixed: dict[str, Any]) -> None:

@@ -159,6 +159,8 @@ def _fit(fixed, dims=DENSE, *, world=8, domain=8, global_batch=8, seq_len=4096, 
     ({"micro_batch": 3}, {}, r"micro_batch=3 does not divide the global batch 8"),
     ({"micro_batch": 4, "num_microbatches": 4}, {}, r"= 16 does not divide the global batch 8"),
     ({"dp": 2, "micro_batch": 2, "num_microbatches": 1}, {}, r"= 4 != global batch 8"),
+    ({"zero_group": 8}, {}, r"zero_group=8 needs a data-parallel degree that is a multiple of it, larger than it"),
+    ({"zero_group": 3}, {}, r"zero_group=3 needs a data-parallel degree .* divides the 8 GPUs"),
 ])
 def test_pins_against_the_request_get_their_own_message(fixed, kw, message) -> None:
     with pytest.raises(ir.InfeasibleError, match=message):
