@@ -75,6 +75,15 @@ counts it (REFERENCE.md sec. 0):
   added: GB200 MXFP8 at 4K, which offloads the experts' fc1 and activation outputs (``--fine-grained-activation-
   offloading``: modules, not the whole layers ``offload_layers`` prices), and the H100 long-context table, which
   recomputes the whole MoE layer (``--recompute-modules moe``, not among ``Software.recompute_modules``).
+* The same team's account of DeepSeek-V3 on 256 GB200 (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization/
+  deepseek-v3-gb200-optimization.md at 3c1b98efdc^, removed in 3c1b98efdc as a draft being updated): one layout
+  (tp 1, pp 8 x vp 4, ep 32, micro-batch 1, global batch 2048, MXFP8) taken from 494 to 970 TFLOPS/GPU by 13
+  optimizations, most of them host time (kernel fusions, partial CUDA graphs, CPU binding), which the model does not
+  price. Its last row only, as tokens/s per GPU by Megatron-LM's own count for that config (249.81e9 FLOPs a token:
+  the count that returns Megatron-Bridge's DeepSeekV3 TFLOPS from its tokens/s, with one MTP layer, within 0.02%).
+  Added after the model was written; its first prediction, before anything was changed for it: +21.0%; the doc
+  says removing the device-host sync that still keeps the routed experts eager is worth "at least a 10%
+  additional performance gain".
 
 Rows that cannot be predicted stay in the CSV and are listed as skipped with the reason: no published layout
 or one whose axes do not multiply to the GPUs, an accelerator without a preset, a precision the
@@ -266,6 +275,15 @@ SOFTWARE = {
     # Added after the model was written, as the source the issue named; their first prediction is in the module
     # docstring.
     "modelzoo": "megatron-core-perf-recipes+fp32-grads",
+    # NVIDIA's MoE team's account of DeepSeek-V3 on 256 GB200 (Megatron-LM docs/discussions/
+    # deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md at 3c1b98efdc^, removed in 3c1b98efdc "draft
+    # being updated"; its command line in
+    # deepseek-v3-gb200-reproduce-guide.md on dev): Megatron-LM with the zoo's program, the flex dispatcher with
+    # HybridEP, partial CUDA graphs, --recompute-modules moe_act mlp, MXFP8 with --fp8-param-gather, no
+    # --grad-reduce-in-bf16 (+fp32-grads). Its last row only: the others are states of the same layout whose
+    # differences (kernel fusions, CUDA graphs, CPU binding) are host time, which the model does not price.
+    # Added after the model was written; the first prediction is in the module docstring.
+    "mcoremoe": "megatron-core-perf-recipes+fp32-grads",
 }
 
 # The accelerator preset of a ``gpu_type`` cell (its first word); a GPU without a preset is skipped.
@@ -421,6 +439,8 @@ def _source(row: dict[str, str]) -> str:
         return "automodel"
     if src.startswith("yanring/Megatron-MoE-ModelZoo"):
         return "modelzoo"
+    if src.startswith("NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization"):
+        return "mcoremoe"
     return "mcore"
 
 
@@ -445,7 +465,7 @@ def _recompute(row: dict[str, str], source: str, tp: int) -> tuple[str, bool]:
 
 
 # sources whose rows default to sequence parallelism and ZeRO-1
-MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf", "modelzoo")
+MCORE_LIKE = ("mcore", "nemo", "bridge", "llama3", "mlperf", "modelzoo", "mcoremoe")
 
 
 # torchtitan_runs.csv: activation checkpointing as torchtitan names it, in the cost model's per-layer terms
