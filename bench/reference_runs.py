@@ -135,7 +135,10 @@ prints the Megatron-Bridge MoE rows' error by what they capture and by micro-bat
 would show (``python bench/reference_runs.py``).
 
 The error is predicted over measured throughput, minus one (positive: the model is optimistic);
-MAPE is the mean of its absolute value over every row that has a measurement and a plan. This is a
+MAPE is the mean of its absolute value over every row that has a measurement and a plan. ``pairs_table`` prints,
+per pair of accelerators, the speed-up measured and predicted between rows of one publication that ran the same
+model, plan and program on both (``accelerator_pairs``): what the hardware alone changes, apart from the model's
+error on either (GB300 over GB200 in Megatron-Bridge's releases: measured 1.18x, predicted 1.03x). This is a
 benchmark, not a test: it prints and asserts nothing.
 
 What was fitted to these rows, and the leave-one-source-out (LOSO) error
@@ -893,6 +896,47 @@ def memory_summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+# the accelerator names row labels carry (Megatron-Bridge's "(GB300 FP8, 26.04)", llm-foundry's "(h100_80gb ...)")
+_ACCELERATOR_IN_LABEL = re.compile(r"\b(GB300|GB200|B300|B200|H200|H100|A100|MI355X|MI350X)\b|\b[ah]100_\d+gb\b",
+                                   re.IGNORECASE)
+
+
+def accelerator_pairs(results: list[Result]) -> dict[tuple[str, str], list[tuple[Result, Result]]]:
+    """Rows of one publication that ran the same model under the same plan, program, batch and GPU count on two
+    accelerators (their labels equal once the accelerator's name is taken out: one Megatron-Bridge release, one
+    llm-foundry table), by (accelerator, other accelerator) in name order: controlled measurements of what the
+    hardware alone changes."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        p = r.run.plan
+        key = (r.run.publication, _ACCELERATOR_IN_LABEL.sub("*", r.run.label.split(" @")[0]), _plan_text(p),
+               repr(p.mesh), p.stages, r.run.software, p.dtype, p.global_batch, p.seq_len, p.world_size, r.run.unit)
+        groups.setdefault(key, []).append(r)
+    out: dict[tuple[str, str], list[tuple[Result, Result]]] = {}
+    for rows in groups.values():
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                if a.run.hardware != b.run.hardware:
+                    hi, lo = sorted((a, b), key=lambda r: r.run.hardware, reverse=True)
+                    out.setdefault((hi.run.hardware, lo.run.hardware), []).append((hi, lo))
+    return out
+
+
+def pairs_table(results: list[Result]) -> str:
+    """Per pair of accelerators: how much faster the first ran than the second, measured and predicted (geometric
+    means over the pairs), and the measured ratio over the predicted one: 1 where the model has the hardware's
+    relative speed right, whatever its error on either."""
+    lines = [f"{'same model, plan and program on two accelerators':<44} {'pairs':>5} {'measured':>9} "
+             f"{'predicted':>9} {'meas/pred':>9}  range of meas/pred"]
+    for (hi, lo), pairs in sorted(accelerator_pairs(results).items()):
+        logs = [math.log((a.run.measured / b.run.measured) / (a.predicted / b.predicted)) for a, b in pairs]
+        meas = math.exp(sum(math.log(a.run.measured / b.run.measured) for a, b in pairs) / len(pairs))
+        pred = math.exp(sum(math.log(a.predicted / b.predicted) for a, b in pairs) / len(pairs))
+        lines.append(f"{hi + ' / ' + lo:<44} {len(pairs):5d} {meas:9.3f} {pred:9.3f} "
+                     f"{math.exp(sum(logs) / len(logs)):9.3f}  {math.exp(min(logs)):.3f}-{math.exp(max(logs)):.3f}")
+    return "\n".join(lines)
+
+
 def _line(res: Result) -> str:
     run, pred = res.run, res.prediction
     fits = "fits" if pred.peak_memory_bytes <= pred.memory_limit_bytes else "OOM"
@@ -933,6 +977,8 @@ def main(argv: list[str] | None = None) -> int:
           "they were visible, which no refit can undo. The factor columns fit one throughput factor per\n"
           "accelerator by least squares on log(measured/predicted): on every row, then without the row's source.)")
     print(loso_table(results))
+    print()
+    print(pairs_table(results))
     print()
     print(graph_table(results))
     print()

@@ -346,10 +346,28 @@ def test_bench_prints_both_tables(results, capsys) -> None:
     bench, _, _ = results
     bench.main(["--traced", "gpt-oss"])
     out = capsys.readouterr().out
-    assert "leave-one-source-out" in out and "LOSO" in out
+    assert "leave-one-source-out" in out and "LOSO" in out and "same model, plan and program on two" in out
     for label in ("publication: Narayanan arXiv:2104.04473", "accelerator: h100-sxm", "all rows",
                   "publication: Llama arXiv:2407.21783", "accelerator: gb200-nvl72", "accelerator: b200"):
         assert label in out
+
+
+def test_accelerator_pairs_compare_one_publication_s_same_run_on_two_accelerators(results) -> None:
+    """``accelerator_pairs`` matches rows whose labels differ only in the accelerator's name and whose plan, program,
+    batch and GPU count agree (one Megatron-Bridge release's GB300 and GB200 tables; llm-foundry's H100 and A100
+    tables); ``pairs_table`` prints measured over predicted speed-up, 1 where the model's relative speed is right."""
+    bench, found, _ = results
+    pairs = bench.accelerator_pairs(found)
+    gb = pairs[("gb300-nvl72", "gb200-nvl72")]
+    assert len(gb) >= 10 and all(a.run.publication == b.run.publication and a.run.plan.mesh == b.run.plan.mesh
+                                 and a.run.software == b.run.software for a, b in gb)
+    assert all(a.run.label.replace("GB300", "GB200") == b.run.label.replace("GB300", "GB200") for a, b in gb)
+    assert len(pairs[("h100-sxm", "a100-80gb")]) >= 20  # llm-foundry's H100 and A100 80GB tables
+    # measured scaled exactly as predicted: every ratio 1
+    same = [dataclasses.replace(r, run=dataclasses.replace(r.run, measured=r.predicted * 0.8)) for r in found]
+    table = bench.pairs_table(same)
+    assert "gb300-nvl72 / gb200-nvl72" in table
+    assert all(line.split()[-2] == "1.000" for line in table.splitlines()[1:])
 
 
 def test_each_llm_foundry_row_runs_the_program_its_table_records(results) -> None:
