@@ -896,9 +896,10 @@ def memory_summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-# the accelerator names row labels carry (Megatron-Bridge's "(GB300 FP8, 26.04)", llm-foundry's "(h100_80gb ...)")
-_ACCELERATOR_IN_LABEL = re.compile(r"\b(GB300|GB200|B300|B200|H200|H100|A100|MI355X|MI350X)\b|\b[ah]100_\d+gb\b",
-                                   re.IGNORECASE)
+# the accelerator names row labels carry: ``HARDWARE``'s (Megatron-Bridge's "(GB300 FP8, 26.04)"), and llm-foundry's
+# "(h100_80gb ...)"
+_ACCELERATOR_IN_LABEL = re.compile(r"\b(" + "|".join(map(re.escape, sorted(HARDWARE, key=len, reverse=True)))
+                                   + r")\b|\b[ah]100_\d+gb\b", re.IGNORECASE)
 
 
 def accelerator_pairs(results: list[Result]) -> dict[tuple[str, str], list[tuple[Result, Result]]]:

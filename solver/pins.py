@@ -12,7 +12,7 @@ from math import prod
 from typing import Any
 
 from ..ir import InfeasibleError, ModelDims
-from .space import EP_OVER_CP, MIN_CP_TOKENS, tp_degrees
+from .space import EP_OVER_CP, MIN_CP_TOKENS, divisors, tp_degrees
 
 
 def check_pins_fit(dims: ModelDims, *, world: int, domain: int, global_batch: int, seq_len: int,
@@ -35,8 +35,7 @@ def _check_zero_group(world: int, global_batch: int, fixed: dict[str, Any]) -> N
     g = fixed.get("zero_group", 0)
     if not g or "dp" in fixed:  # a pinned dp is checked with the pins alone (space.check_fixed)
         return
-    if not any(dp > g and dp % g == 0 and global_batch % dp == 0 for dp in range(2 * g, world + 1, g)
-               if world % dp == 0):
+    if not any(dp > g and dp % g == 0 and global_batch % dp == 0 for dp in divisors(world)):
         raise InfeasibleError(f"fixed: zero_group={g} needs a data-parallel degree that is a multiple of it, larger "
                               f"than it, and divides the {world} GPUs and the global batch {global_batch}; none does: "
                               "pin a smaller shard group, or 0 (shard over all of dp)")
