@@ -45,10 +45,10 @@ def _pin_args(p: argparse.ArgumentParser) -> None:
 
 
 def _fixed(args: argparse.Namespace) -> dict:
-    keys = {"tp": "tp", "dp": "dp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "zero": "zero",
-            "micro_batch": "micro_batch", "num_microbatches": "num_microbatches", "sp": "sp",
-            "recompute": "recompute", "schedule": "schedule", "fold_ep": "fold_ep", "zero_group": "zero_group"}
-    return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
+    """The pins given: every key the search can pin has its flag, named as the key (``_pin_args``)."""
+    from .solver import FIXED_KEYS
+
+    return {k: getattr(args, k) for k in FIXED_KEYS if getattr(args, k) is not None}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -934,7 +934,7 @@ def pairs_table(results: list[Result]) -> str:
         meas = math.exp(sum(math.log(a.run.measured / b.run.measured) for a, b in pairs) / len(pairs))
         pred = math.exp(sum(math.log(a.predicted / b.predicted) for a, b in pairs) / len(pairs))
         lines.append(f"{hi + ' / ' + lo:<44} {len(pairs):5d} {meas:9.3f} {pred:9.3f} "
-                     f"{math.exp(sum(logs) / len(logs)):9.3f}  {math.exp(min(logs)):.3f}-{math.exp(max(logs)):.3f}")
+                     f"{meas / pred:9.3f}  {math.exp(min(logs)):.3f}-{math.exp(max(logs)):.3f}")
     return "\n".join(lines)
 
 
