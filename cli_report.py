@@ -69,8 +69,9 @@ def _rows(plan: ir.Plan) -> dict[str, tuple[str, float | None]]:
         "schedule": (str(plan.schedule) + (f" vp={plan.vp}" if plan.vp > 1 else "") if m.pp > 1 else "-", None)}
     if pred is not None:
         rows["step ms"] = (f"{pred.step_time_s * MS:.1f}", pred.step_time_s * MS)
-        for key in ("compute", "exposed_comm", "bubble"):
-            rows[f"  {key} ms"] = (f"{pred.time_s[key] * MS:.1f}", pred.time_s[key] * MS)
+        for key in ("compute", "exposed_comm", "bubble", "unpriced"):
+            value = pred.time_s.get(key, 0.0)  # unpriced: only on a calibrated accelerator (estimate.calibrated)
+            rows[f"  {key} ms"] = (f"{value * MS:.1f}", value * MS)
         rows["peak GB"] = (f"{pred.peak_memory_bytes / GB:.2f}", pred.peak_memory_bytes / GB)
         for key in ("params", "grads", "optimizer", "activations", "buffers"):
             rows[f"  {key} GB"] = (f"{pred.memory_bytes[key] / GB:.2f}", pred.memory_bytes[key] / GB)

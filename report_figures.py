@@ -15,7 +15,8 @@ from .report_schedule import idle, timeline
 
 GB, MS = 1e9, 1e3
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "buffers")
-TIME_KINDS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "pipeline bubble"))
+TIME_KINDS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "pipeline bubble"),
+              ("unpriced", "unpriced (calibration)"))
 OP_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 COLORS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "idle": "#d9d9d9"}
 
@@ -51,7 +52,7 @@ def time_figure(plan: ir.Plan, go: Any) -> Any:
     t = plan.prediction.time_s
     fig = go.Figure([go.Bar(name=label, y=["step"], x=[t[key] * MS], orientation="h", meta=key,
                             text=[f"{t[key] * MS:.1f} ms"], hovertemplate=label + ": %{x:.1f} ms<extra></extra>")
-                     for key, label in TIME_KINDS])
+                     for key, label in TIME_KINDS if key in t])
     fig.update_layout(barmode="stack", title=f"step time {plan.prediction.step_time_s * MS:.1f} ms (ms)",
                       xaxis_title="ms", height=260)
     return fig

@@ -179,6 +179,7 @@ import functools
 import json
 import math
 import re
+import statistics
 import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -746,12 +747,22 @@ def _plan_text(plan: ir.Plan) -> str:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
     run: Run
-    prediction: ir.Prediction
+    prediction: ir.Prediction  # the shipped model's, its ``unpriced`` part included
     predicted: float  # in the run's unit (``predicted_value``)
 
     @property
     def error(self) -> float:
         return self.predicted / self.run.measured - 1
+
+    @property
+    def calibration(self) -> float:
+        """The shipped calibration of the row's accelerator (``Accelerator.calibration``; 1: none)."""
+        return self.run.cluster.accelerator.calibration
+
+    @property
+    def priced(self) -> float:
+        """The prediction without the calibration: what the model prices (module docstring)."""
+        return self.predicted / self.calibration
 
 
 def evaluate(csv_path: Path, traced: Collection[str] | None = None,
@@ -782,20 +793,31 @@ def signed_error(results: list[Result]) -> float:
     return sum(r.error for r in results) / len(results)
 
 
+# the accelerators of one microarchitecture share a calibration (``fit_factor``): the same GPU cores and the same
+# software stacks on them, whose unpriced costs scale alike; an accelerator outside these takes none
+FAMILIES = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-sxm", "h200"),
+            "blackwell": ("b200", "b300", "gb200-nvl72", "gb300-nvl72"), "cdna": ("mi300x", "mi350x", "mi355x")}
+
+
+def family_of(hardware: str) -> str:
+    return next((name for name, members in FAMILIES.items() if hardware in members), hardware)
+
+
 def fit_factor(train: list[Result], hardware: str) -> tuple[float, str]:
-    """(factor on the predicted throughput, what it was fitted on): exp of the mean log(measured /
-    predicted) over the training rows on ``hardware`` (least squares on the log-ratio with one
-    constant), over all training rows where none ran on it, 1 where there are none."""
-    same = [r for r in train if r.run.hardware == hardware]
-    rows, basis = (same, hardware) if same else (train, "pooled")
-    if not rows:
+    """(calibration, what it was fitted on): exp of the median log(measured / priced) over the training rows of
+    ``hardware``'s family (``FAMILIES``), at most 1 (the model is not made faster than what it prices); 1 where no
+    training row ran on the family. The median, not the mean: a program the model misprices by half (GPT-OSS's
+    rows) moves it by one row's weight, not by its error."""
+    family = family_of(hardware)
+    logs = [math.log(r.run.measured / r.priced) for r in train if family_of(r.run.hardware) == family]
+    if not logs:
         return 1.0, "none"
-    return math.exp(sum(math.log(r.run.measured / r.predicted) for r in rows) / len(rows)), basis
+    return min(1.0, math.exp(statistics.median(logs))), family
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fitted:
-    """One row predicted with a factor fitted on ``train`` rows (``fit_factor``)."""
+    """One row predicted with a calibration fitted on ``train`` rows (``fit_factor``)."""
 
     result: Result
     factor: float
@@ -803,11 +825,11 @@ class Fitted:
 
     @property
     def error(self) -> float:
-        return self.result.predicted * self.factor / self.result.run.measured - 1
+        return self.result.priced * self.factor / self.result.run.measured - 1
 
 
 def calibrated(results: list[Result], train_of: Callable[[Result], list[Result]]) -> list[Fitted]:
-    """Every row with the per-accelerator factor fitted on ``train_of(row)``."""
+    """Every row with its family's calibration fitted on ``train_of(row)``."""
     return [Fitted(result=r, **dict(zip(("factor", "basis"), fit_factor(train_of(r), r.run.hardware))))
             for r in results]
 
@@ -817,8 +839,48 @@ def in_sample(results: list[Result]) -> list[Fitted]:
 
 
 def leave_one_source_out(results: list[Result]) -> list[Fitted]:
-    """Each row with the factor fitted on the rows of the other publications only."""
+    """Each row with the calibration fitted on the rows of the other publications only."""
     return calibrated(results, lambda r: [o for o in results if o.run.publication != r.run.publication])
+
+
+def calibration_table(results: list[Result]) -> str:
+    """Per family: the calibration the presets ship and the one ``fit_factor`` finds on every row now; they differ
+    only where the presets were not rewritten (``--write-calibration``) after the rows or the model changed."""
+    lines = [f"{'calibration (median measured / priced)':<40} {'rows':>4} {'shipped':>8} {'refit':>8}  presets"]
+    for family, members in FAMILIES.items():
+        rows = [r for r in results if family_of(r.run.hardware) == family]
+        shipped = sorted({r.calibration for r in rows})
+        refit = fit_factor(results, members[0])[0]
+        lines.append(f"{family:<40} {len(rows):4d} {'/'.join(f'{c:.3f}' for c in shipped) or '-':>8} {refit:8.3f}  "
+                     f"{', '.join(members)}")
+    return "\n".join(lines)
+
+
+def write_calibration(results: list[Result]) -> list[Path]:
+    """Rewrite the ``calibration`` entry of each family's presets (and of ``GRAND_TETON``'s accelerator) with the
+    calibration ``fit_factor`` finds on every row; a family's presets without rows lose theirs. The paths written."""
+    presets = Path(__file__).resolve().parent.parent / "cost_model" / "presets"
+    counts = {f: sum(family_of(r.run.hardware) == f for r in results) for f in FAMILIES}
+    sources = {f: len({r.run.publication for r in results if family_of(r.run.hardware) == f}) for f in FAMILIES}
+    written = []
+    for path in [presets / f"{m}.json" for members in FAMILIES.values() for m in members] + [GRAND_TETON]:
+        text = path.read_text()
+        name = json.loads(text)["name"] if path != GRAND_TETON else "h100-sxm"
+        family, (factor, basis) = family_of(name), fit_factor(results, name)
+        text = re.sub(r'\n *"calibration": \{.*\},', "", text)  # one line, after the accelerator's name (below)
+        if basis != "none" and factor < 1.0:
+            source = (f"bench/reference_runs.py --write-calibration: the median of measured / priced throughput over "
+                      f"the {counts[family]} published runs of {sources[family]} publications on {family} GPUs "
+                      f"({', '.join(FAMILIES[family])}) in bench/data, each with its published plan and program: what "
+                      "the model does not price (host stalls, the slowest rank, clocks under load), as a share of "
+                      "the step; its leave-one-source-out error is that bench's LOSO column")
+            entry = json.dumps({"value": round(factor, 3), "source": source})
+            text = re.sub(r'("accelerator": \{\n( *)"name": [^\n]*\n)', lambda m: f'{m[1]}{m[2]}"calibration": {entry},\n',
+                          text, count=1)
+        json.loads(text)  # still a JSON document
+        path.write_text(text)
+        written.append(path)
+    return written
 
 
 def _stats(errors: list[float]) -> str:
@@ -836,22 +898,23 @@ def _factor_text(fits: list[Fitted]) -> str:
 
 
 def loso_table(results: list[Result]) -> str:
-    """Per publication and per accelerator: the shipped model's MAPE and mean signed error (nothing in it
-    was fitted to these rows: its LOSO error is the same), then the per-accelerator factor's, fitted in
-    sample and leaving each row's publication out."""
-    fitted_in, fitted_out = in_sample(results), leave_one_source_out(results)
-    head = (f"{'group':<60} {'rows':>4} | {'shipped: MAPE  signed':>21} | {'factor in-sample: MAPE  signed':>30} | "
-            f"{'LOSO: factor (fit on)':>21}   MAPE  signed")
+    """Per publication, per accelerator and per family: the error of what the model prices (no calibration), of
+    the shipped model (its presets' calibration, fitted on every row: in sample), and leave-one-source-out (the
+    calibration refitted without the row's publication, ``fit_factor``)."""
+    fitted_out = leave_one_source_out(results)
+    head = (f"{'group':<60} {'rows':>4} | {'priced: MAPE  signed':>21} | {'shipped: MAPE  signed':>21} | "
+            f"{'LOSO: calibration (fit on)':>26}   MAPE  signed")
     lines = [head, "-" * len(head)]
     keys = (("publication", lambda r: r.run.publication), ("accelerator", lambda r: r.run.hardware),
-            ("", lambda r: "all rows"))
+            ("family", lambda r: family_of(r.run.hardware)), ("", lambda r: "all rows"))
     for title, key in keys:
         for name in dict.fromkeys(key(r) for r in results):
             idx = [i for i, r in enumerate(results) if key(r) == name]
             label = f"{title}: {name}" if title else name
-            lines.append(f"{label[:60]:<60} {len(idx):4d} | {_stats([results[i].error for i in idx]):>21} | "
-                         f"{_stats([fitted_in[i].error for i in idx]):>30} | "
-                         f"{_factor_text([fitted_out[i] for i in idx]):>21} {_stats([fitted_out[i].error for i in idx])}")
+            priced = [results[i].priced / results[i].run.measured - 1 for i in idx]
+            lines.append(f"{label[:60]:<60} {len(idx):4d} | {_stats(priced):>21} | "
+                         f"{_stats([results[i].error for i in idx]):>21} | "
+                         f"{_factor_text([fitted_out[i] for i in idx]):>26} {_stats([fitted_out[i].error for i in idx])}")
     return "\n".join(lines)
 
 
@@ -957,8 +1020,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--breakdown", action="store_true", help="also print each row's time breakdown")
     ap.add_argument("--traced", default=",".join(ARCHITECTURES),
                     help="the architectures to trace from bench/data/models (comma-separated; default all)")
+    ap.add_argument("--write-calibration", action="store_true",
+                    help="rewrite the presets' calibration with the one fitted on every row (calibration_table)")
     args = ap.parse_args(argv)
     results, skipped = evaluate(args.csv, traced={a for a in args.traced.split(",") if a})
+    if args.write_calibration:
+        for path in write_calibration(results):
+            print(f"wrote {path}")
+        return 0
     print(f"{'row':<46} {'software':<21} {'plan':<30} {'unit':<5} {'pred':>7} {'meas':>7} {'err':>7}  memory")
     for res in results:
         print(_line(res))
@@ -973,11 +1042,12 @@ def main(argv: list[str] | None = None) -> int:
         if part:
             print(f"  {source:<21} {len(part):3d} rows  MAPE {mape(part):6.1%}  signed {signed_error(part):+6.1%}")
     print(memory_summary(results))
-    print("\nIn sample and leave-one-source-out (module docstring: nothing in the shipped model was fitted to these\n"
-          "rows by a procedure, so its LOSO error equals its in-sample one; its software presets were written while\n"
-          "they were visible, which no refit can undo. The factor columns fit one throughput factor per\n"
-          "accelerator by least squares on log(measured/predicted): on every row, then without the row's source.)")
+    print("\nPriced, shipped and leave-one-source-out (module docstring: the shipped model is the priced one times its\n"
+          "family's calibration, the median measured/priced over every row here; LOSO refits it without the row's\n"
+          "publication. The software presets were written while the rows were visible, which no refit can undo.)")
     print(loso_table(results))
+    print()
+    print(calibration_table(results))
     print()
     print(pairs_table(results))
     print()

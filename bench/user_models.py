@@ -129,7 +129,7 @@ def compare_llama(cluster: str, global_batch: int, seq_len: int) -> None:
         hf = MODELS[0][1]()
     hf_plan = mp.autoparallelize(hf, cluster, global_batch=global_batch, seq_len=seq_len, fixed=pins)
     print(f"\nHF Llama-3-8B vs zoo llama3-8b at the zoo's plan ({zoo_plan.summary()}):")
-    for key in ("compute", "exposed_comm", "bubble"):
+    for key in ("compute", "exposed_comm", "bubble", "unpriced"):
         z, h = zoo_plan.prediction.time_s.get(key, 0.0), hf_plan.prediction.time_s.get(key, 0.0)
         print(f"  {key:<13} zoo {z * 1e3:8.1f} ms   HF {h * 1e3:8.1f} ms   {h / z - 1 if z else 0.0:+.1%}")
     z, h = zoo_plan.prediction.step_time_s, hf_plan.prediction.step_time_s

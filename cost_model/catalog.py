@@ -27,7 +27,9 @@ measurement) or, for a placeholder, that it is one. The keys::
                       host_memory_bytes (host memory per GPU, the node's DRAM over its GPUs: what
                       offloaded activations may fill; absent or 0: not checked) and ordered_comm_overlap
                       (true or false: a communication kernel overlaps a GEMM only in launch order, one
-                      hardware queue; NVIDIA GPUs before Blackwell; absent: false)
+                      hardware queue; NVIDIA GPUs before Blackwell; absent: false) and calibration (in
+                      (0, 1]: the share of the modelled throughput published runs reach, the rest priced
+                      as the step's ``unpriced`` time; absent: 1)
     tiers             inner to outer, each: name, kind ("scale-up", "scale-out", "shared-memory"),
                       domain_size (ranks; "node" = gpus_per_node; "world"), latency_s (per algorithm
                       step), and the bandwidth per GPU and direction, either as bandwidth_Bps or as
@@ -75,7 +77,7 @@ _KEYS = {
                 "tiers"),
     "accelerator": ("name", "peak_flops", "matmul_efficiency", *_ACCEL_NUMBERS, *_ACCEL_COUNTS, "attention_by_seq_len",
                     "cudnn_attention_by_seq_len", "cudnn_window_attention", "flops_per_exp", "host_link_Bps",
-                    "host_memory_bytes", "ordered_comm_overlap"),
+                    "host_memory_bytes", "ordered_comm_overlap", "calibration"),
     "tier": ("name", "kind", "description", "domain_size", "latency_s", "bandwidth_Bps", "links_per_node",
              "link_Gbps", "oversubscription"),
     "number": ("value", "source"),
@@ -235,6 +237,8 @@ def _accelerator(data: Any, where: str) -> Accelerator:
             raise InvalidClusterError(f"{where}.ordered_comm_overlap: value must be true or false, "
                                       f"got {_short(repr(flag))}")
         extra["ordered_comm_overlap"] = flag
+    if "calibration" in data:
+        extra["calibration"] = _real(data["calibration"], f"{where}.calibration")
     return Accelerator(name=str(data.get("name", "?")), **per_dtype, **numbers, **counts, **extra)
 
 

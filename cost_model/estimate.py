@@ -18,7 +18,9 @@ activations, ``_offload_s``, all in "exposed_comm") on pipeline rank r::
                                               square roots at their measured rate (0 on GPUs), and
                                               the m - 1 passes that add micro-batches' gradients
 
-``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``. When CPU ranks
+``time_s = {"compute", "exposed_comm", "bubble"}`` sums to ``step_time_s``, and on an accelerator calibrated
+against published runs (``Accelerator.calibration`` c < 1, ``calibrated``) a fourth part, ``unpriced``,
+adds (1/c - 1) of the priced step: what those runs spent beyond what the model prices. When CPU ranks
 oversubscribe the cores (``Accelerator.shared_by`` > 1), a pipeline rank that waits lends its core
 to the others: the step is the mean rank's work, or the critical path (the slowest rank's work and
 bubble) at up to ``shared_by`` times the speed if that is longer. FLOPs per GPU are the
@@ -274,10 +276,21 @@ def estimate(graph: Graph, cluster: Cluster, plan: Plan, *, software: Software =
     ranks = _ranks(plan, summary, cluster, software)
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
-    time_s = _step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan))
+    time_s = calibrated(_step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan)), cluster)
     memory = peak_memory(summary, plan, ranks, software)
     return _prediction(dims, cluster, plan, ranks, sum(time_s.values()), time_s, memory,
                        _comm_bytes(times, m, p2p_bytes))
+
+
+def calibrated(time_s: dict[str, float], cluster: Cluster) -> dict[str, float]:
+    """``time_s`` with the ``unpriced`` part of a calibrated accelerator (``Accelerator.calibration`` c < 1): the
+    priced step over c, less the priced step. The published runs c was fitted on (``bench/reference_runs.py``) ran
+    at c of the throughput the model prices for them, in the median; the part stands for what it leaves out, in
+    proportion to the step, on every plan alike, so it moves no plan's rank among the others."""
+    c = cluster.accelerator.calibration
+    if c >= 1.0:
+        return time_s
+    return {**time_s, "unpriced": sum(time_s.values()) * (1.0 / c - 1.0)}
 
 
 def _comm_bytes(times: list[RankTime], microbatches: int, p2p_bytes: float) -> dict[str, float]:

@@ -53,7 +53,7 @@ from ..ir.graph import BATCH, DTYPE_BYTES, SEQ, Graph, ModelDims, Node, OpKind
 from ..ir.plan import Plan, Prediction
 from .data_parallel import OPTIMIZER_BYTES_PER_PARAM, RankParams, data_parallel_cost, optimizer_step_s
 from .dispatch import optimizer_dispatches, single_tensor_adamw_excess_s
-from .estimate import _accumulation_s, _loss_reduce_s, _optimizer_shard_params
+from .estimate import _accumulation_s, _loss_reduce_s, _optimizer_shard_params, calibrated
 from .footprint import rank_memory
 from .hardware import Cluster
 from .kernels import (attention_fwd_bwd_s, matmul_fwd_bwd_s, matmul_time_s, memory_time_s,
@@ -193,6 +193,7 @@ def graph_estimate(graph: Graph, cluster: Cluster, plan: Plan, *, work: GraphWor
     time_s = {"compute": m * (work.fwd_s + work.bwd_s + dp.compute_per_microbatch_s) + opt + dp.compute_per_step_s,
               "exposed_comm": m * dp.per_microbatch_s + dp.per_step_s + _loss_reduce_s(cluster, plan),
               "bubble": 0.0}
+    time_s = calibrated(time_s, cluster)
     step_s = sum(time_s.values())
     memory = graph_memory(graph, plan, work, software)
     flops_per_gpu = m * (work.fwd_flops + work.bwd_flops)  # every sample once a step, no recomputation

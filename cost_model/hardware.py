@@ -155,6 +155,11 @@ class Accelerator:
     # (CUDA_DEVICE_MAX_CONNECTIONS=1): NVIDIA GPUs before Blackwell. A program that needs more hardware queues for
     # another overlap (Megatron's 1F1B A2A overlap) then loses its TP comm-GEMM overlap (``layer_cost._comm``)
     ordered_comm_overlap: bool = False
+    # the share of the modelled throughput that published runs on this accelerator's family reach: the median of
+    # measured / predicted over them (``bench/reference_runs.py --write-calibration``); the rest of their step,
+    # what the model does not price (host stalls, the slowest rank, clocks under load), is its ``unpriced`` time
+    # (``estimate.calibrated``). 1: none (the default, CPU profiles, accelerators without published runs)
+    calibration: float = 1.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -218,6 +223,10 @@ class Accelerator:
         if not isinstance(self.ordered_comm_overlap, bool):
             raise InvalidClusterError(f"{who}: ordered_comm_overlap must be true or false, "
                                       f"got {self.ordered_comm_overlap!r}")
+        if isinstance(self.calibration, bool) or not (isinstance(self.calibration, (int, float))
+                                                       and 0 < self.calibration <= 1):
+            raise InvalidClusterError(f"{who}: calibration must be a number in (0, 1] (the share of the modelled "
+                                      f"throughput runs reach; 1: none), got {self.calibration!r}")
         if isinstance(self.shared_by, bool) or not isinstance(self.shared_by, (int, float)) or not self.shared_by >= 1:
             raise InvalidClusterError(f"{who}: shared_by must be a number >= 1, got {self.shared_by!r}")
         # hashed once: the cost model's caches key on the cluster thousands of times per solve
@@ -230,7 +239,7 @@ class Accelerator:
             self.transcendental_s_per_elem, self.first_touch_s_per_byte,
             self.attention_by_head_dim, self.attention_by_seq_len, self.cudnn_attention_by_seq_len,
             self.cudnn_window_attention, self.flops_per_exp, self.host_link_Bps, self.host_memory_bytes,
-            self.ordered_comm_overlap)))
+            self.ordered_comm_overlap, self.calibration)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -103,7 +103,7 @@ class Prediction:
     mfu: float
     peak_memory_bytes: float  # the largest over GPUs
     memory_bytes: dict[str, float]  # params, grads, optimizer, activations, buffers
-    time_s: dict[str, float]  # compute, exposed_comm, bubble
+    time_s: dict[str, float]  # compute, exposed_comm, bubble; unpriced on a calibrated accelerator
     memory_limit_bytes: float = 0.0
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per collective family, per GPU per step
 

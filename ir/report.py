@@ -75,7 +75,10 @@ def _model_lines(plan: Plan) -> list[str]:
 
 def _time_rows(pred) -> list[str]:
     rows = [_row("step", f"{pred.step_time_s * 1e3:.1f} ms")]
-    for key, label in (("compute", "compute"), ("exposed_comm", "exposed comm"), ("bubble", "pipeline bubble")):
+    kinds = (("compute", "compute"), ("exposed_comm", "exposed comm"), ("bubble", "pipeline bubble"))
+    # unpriced: what published runs on this accelerator spent beyond the priced step (Accelerator.calibration)
+    kinds += (("unpriced", "unpriced"),) if "unpriced" in pred.time_s else ()
+    for key, label in kinds:
         value = pred.time_s.get(key, 0.0)
         rows.append(_row(label, f"{value * 1e3:.1f} ms", f"{value / pred.step_time_s:.0%}"))
     return rows
