@@ -328,7 +328,7 @@ def test_shipped_presets_carry_the_calibration_the_bench_fits(results) -> None:
     for family, members in bench.FAMILIES.items():
         refit, basis = bench.fit_factor(found, members[0])
         for name in members:
-            shipped = parse_cluster(f"{name}:1x8").accelerator.calibration
+            shipped = parse_cluster(f"{name}:1x4").accelerator.calibration
             assert shipped == pytest.approx(refit if basis != "none" else 1.0, abs=0.01), (family, name)
     for r in found:
         assert r.priced * r.calibration == pytest.approx(r.predicted)
