@@ -458,6 +458,21 @@ def test_the_blackwell_ultra_presets_hold_what_nvidia_s_whole_gpu_mig_profile_na
     assert all(r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes for r in llama)
 
 
+def test_the_26_02_01_gb300_llama3_70b_rows_run_their_recipe_s_layout_and_fit(results) -> None:
+    """Megatron-Bridge's 26.02.01 table prints TP 1, PP 1, MBS 2 (NVFP4) and PP 4, MBS 2 (MXFP8) for Llama 3 70B on 64
+    GB300s; the release's recipe (v0.3.1) runs pp 4 x vp 5 at micro-batch 1, as the other releases' tables print.
+    The rows carry the recipe's layout, say why, and fit."""
+    _, found, _ = results
+    rows = [r for r in found if re.match(r"LLAMA3_70B \(GB300 (NVFP4|MXFP8), 26\.02\.01\)", r.run.label)]
+    assert len(rows) == 2
+    for r in rows:
+        m = r.run.plan.mesh
+        assert (m.tp, m.pp, r.run.plan.vp, r.run.plan.micro_batch_size) == (1, 4, 5, 1)
+        assert r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes
+    notes = [row["notes"] for row in _rows(_bench()) if re.match(r"LLAMA3_70B \(GB300 (NVFP4|MXFP8), 26\.02\.01", row["model"])]
+    assert len(notes) == 2 and all("v0.3.1" in n and "pp 4 x vp 5" in n for n in notes)
+
+
 def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_the_moe_rows(results) -> None:
     """``cuda_graphs`` (bench module docstring) is set only on Megatron-Bridge MoE rows (and on the MoE model zoo's
     GB200/GB300 rows and the MoE team's DeepSeek-V3 GB200 guide, whose commands give it), in one of the forms the
