@@ -920,7 +920,25 @@ def loso_table(results: list[Result]) -> str:
             lines.append(f"{label[:60]:<60} {len(idx):4d} | {_stats(priced):>21} | "
                          f"{_stats([results[i].error for i in idx]):>21} | "
                          f"{_factor_text([fitted_out[i] for i in idx]):>26} {_stats([fitted_out[i].error for i in idx])}")
+    off = [f"{name} {signed:+.1%}" for name, signed in outside_band(fitted_out, keys[:3])]
+    lines.append(f"LOSO groups whose mean signed error lies beyond +-{SIGNED_BAND:.0%} (issue 13's band): "
+                 + (", ".join(off) if off else "none"))
     return "\n".join(lines)
+
+
+SIGNED_BAND = 0.08  # issue 13: no group's mean signed error beyond +-8%
+
+
+def outside_band(fits: list[Fitted], keys) -> list[tuple[str, float]]:
+    """(group, mean signed error) of each group of ``keys`` (title, key of a result) beyond ``SIGNED_BAND``."""
+    out = []
+    for title, key in keys:
+        groups: dict[str, list[float]] = {}
+        for f in fits:
+            groups.setdefault(key(f.result), []).append(f.error)
+        out += [(f"{title} {name}", sum(e) / len(e)) for name, e in groups.items()
+                if abs(sum(e) / len(e)) > SIGNED_BAND]
+    return out
 
 
 def graph_kind(cuda_graphs: str) -> str:
