@@ -68,7 +68,9 @@ ADDED = {"NVIDIA/NeMo performance_summary.md", "NVIDIA/NeMo performance_long_seq
          # NVIDIA's MoE team's Megatron-LM Qwen3-235B layouts on 256 H100, added after the model was written
          "yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md",
          # the same team's DeepSeek-V3 on 256 GB200 (its optimization history's last row), added after the model
-         "NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md"}
+         "NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md",
+         # BigScience's BLOOM 176B on Jean Zay (4 x 100 Gb/s Omni-Path per node), added after the calibration
+         "bigscience-workshop/bigscience train/tr11-176B-ml"}
 # sources whose every row is an architecture traced from its config, which the module's fixture does not trace
 # (DeepSeek-V3: 10 s more); their rows have their own test
 TRACED_ONLY = {"NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md"}
@@ -485,6 +487,20 @@ def test_the_26_02_01_gb300_llama3_70b_rows_run_their_recipe_s_layout_and_fit(re
         assert r.prediction.peak_memory_bytes <= r.prediction.memory_limit_bytes
     notes = [row["notes"] for row in _rows(_bench()) if re.match(r"LLAMA3_70B \(GB300 (NVFP4|MXFP8), 26\.02\.01", row["model"])]
     assert len(notes) == 2 and all("v0.3.1" in n and "pp 4 x vp 5" in n for n in notes)
+
+
+def test_bloom_runs_on_its_own_cluster_file_with_its_partition_and_step(results) -> None:
+    """BLOOM 176B's row runs on Jean Zay's cluster file (the row's ``cluster_file=``): 4 x 100 Gb/s Omni-Path per node
+    of 8 GPUs, 6.25 GB/s per GPU where the a100-80gb preset has 25, on that preset's accelerator and calibration; its
+    pipeline as DeepSpeed partitioned it (5 blocks beside the embedding and the head, 6 elsewhere)."""
+    bench, found, _ = results
+    (r,) = [r for r in found if r.run.label.startswith("BLOOM 176B")]
+    out = [t for t in r.run.cluster.tiers if t.kind.value == "scale-out"]
+    assert [t.bandwidth_Bps for t in out] == [4 * 100e9 / 8 / 8]
+    assert r.run.cluster.accelerator.calibration == parse_cluster("a100-80gb:1x8").accelerator.calibration
+    assert [b - a for a, b in r.run.plan.stages] == [5] + [6] * 10 + [5]
+    assert (r.run.software, r.run.plan.zero_stage, r.run.measured_step_s) == ("megatron-lm-2021", 1, 104.70)
+    assert r.run.measured == pytest.approx(2048 * 2048 / 104.70 / 384, rel=1e-3)
 
 
 def test_cuda_graphs_cells_name_what_the_bridge_moe_configs_capture_and_group_the_moe_rows(results) -> None:
