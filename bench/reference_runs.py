@@ -180,7 +180,9 @@ they come from). LOSO predicts each source's rows with constants chosen without 
   ``unpriced`` part), so the shipped model is in-sample for it. The LOSO columns refit it without the row's
   publication: what it is worth on a source it has not seen. Before it, the shipped model was the priced
   one (15.3%, +12.2% over 572 rows); a per-accelerator mean, a per-family mean and a pooled factor did no
-  better under LOSO (11.3%, 11.0%, 11.6%) than the per-family median (10.9%).
+  better under LOSO (11.3%, 11.0%, 11.6%) than the per-family median (10.9%), nor did a fixed gap per layer pass
+  (the median of (measured - priced step) / (layers per stage x micro-batches x passes) per family, as a host's
+  launch gap would scale), alone or beside it: 12.6% against 10.8% over the 573 rows with BLOOM.
 """
 from __future__ import annotations
 
