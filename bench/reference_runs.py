@@ -505,6 +505,12 @@ def torchtitan_recompute(policy: str, layers: int) -> tuple[str, ...]:
     return (TORCHTITAN_RECOMPUTE[policy],) * layers
 
 
+def cluster_file(path: Path, nodes: int, per_node: int) -> Cluster:
+    """A cluster file of ``data/clusters`` at a row's size, named by its path in the repository."""
+    return cluster_from_dict(read_json(path, "cluster file"), nodes=nodes, gpus_per_node=per_node,
+                             spec=f"{path.relative_to(DATA.parent.parent)}")
+
+
 def torchtitan_preset(row: dict[str, str]) -> str:
     """The accelerator preset of a torchtitan_runs.csv row: its cluster's, or the one its cluster file
     (``GRAND_TETON``) derives from; the accelerator the leave-one-source-out factor is fitted for."""
@@ -526,8 +532,7 @@ def torchtitan_plan(row: dict[str, str]) -> tuple[ir.Plan, Cluster, zoo.ModelCon
                           max_seq_len=s, name=row["model"])
     nodes, per_node = max(gpus // 8, 1), min(gpus, 8)
     if "96GB" in row["gpu_type"]:  # Grand Teton's H100 96GB HBM2e at 500 W: the numbers its source states
-        cluster = cluster_from_dict(read_json(GRAND_TETON, "cluster file"), nodes=nodes, gpus_per_node=per_node,
-                                    spec=f"{GRAND_TETON.relative_to(DATA.parent.parent)}")
+        cluster = cluster_file(GRAND_TETON, nodes, per_node)
     else:
         cluster = Cluster.preset(torchtitan_preset(row), nodes=nodes, gpus_per_node=per_node)
     plan = ir.Plan(model=cfg.to_dict(), cluster=cluster.spec, global_batch=lb * dp, seq_len=s,
@@ -707,14 +712,11 @@ def build_run(row: dict[str, str], traced: Collection[str] | None = None) -> Run
     if (full_n or offload_n) and pp > 1:
         return "per-layer recompute or offload under pipelining not expressed by this bench"
     per_layer = ("full",) * full_n + ("offload",) * offload_n + (recompute,) * (layers - full_n - offload_n)
-    base = Cluster.preset(preset)
-    per_node = base.gpus_per_node
-    cluster = Cluster.preset(preset, nodes=max(gpus // per_node, 1), gpus_per_node=min(gpus, per_node))
+    per_node = Cluster.preset(preset).gpus_per_node
+    nodes, per_node = max(gpus // per_node, 1), min(gpus, per_node)
     named = re.search(r"cluster_file=([\w.-]+)", row["notes"])  # the row's own cluster (bench/data/clusters)
-    if named:
-        path = DATA / "clusters" / f"{named.group(1)}.json"
-        cluster = cluster_from_dict(read_json(path, "cluster file"), nodes=max(gpus // per_node, 1),
-                                    gpus_per_node=min(gpus, per_node), spec=f"{path.relative_to(DATA.parent.parent)}")
+    cluster = (cluster_file(DATA / "clusters" / f"{named.group(1)}.json", nodes, per_node) if named
+               else Cluster.preset(preset, nodes=nodes, gpus_per_node=per_node))
     try:
         plan = ir.Plan(model=model, cluster=cluster.spec, global_batch=batch, seq_len=s,
                        mesh=ir.Mesh(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, fold_ep=fold_ep), zero_stage=zero,

@@ -75,15 +75,12 @@ def _model_lines(plan: Plan) -> list[str]:
 
 def _time_rows(pred) -> list[str]:
     rows = [_row("step", f"{pred.step_time_s * 1e3:.1f} ms")]
-    kinds = (("compute", "compute"), ("exposed_comm", "exposed comm"), ("bubble", "pipeline bubble"))
-    # unpriced: what published runs on this accelerator spent beyond the priced step (Accelerator.calibration)
-    kinds += (("unpriced", "unpriced"),) if "unpriced" in pred.time_s else ()
-    for key, label in kinds:
+    kinds = (("compute", "compute", ""), ("exposed_comm", "exposed comm", ""), ("bubble", "pipeline bubble", ""))
+    if "unpriced" in pred.time_s:  # what the accelerator's published runs spent beyond the priced step
+        kinds += (("unpriced", "unpriced", " (calibrated on published runs: Accelerator.calibration)"),)
+    for key, label, why in kinds:
         value = pred.time_s.get(key, 0.0)
-        note = f"{value / pred.step_time_s:.0%}"
-        if key == "unpriced":  # what the accelerator's published runs spent beyond the priced step
-            note += " (calibrated on published runs: Accelerator.calibration)"
-        rows.append(_row(label, f"{value * 1e3:.1f} ms", note))
+        rows.append(_row(label, f"{value * 1e3:.1f} ms", f"{value / pred.step_time_s:.0%}{why}"))
     return rows
 
 
