@@ -255,7 +255,50 @@ def recompute_modules_bytes(shape: LayerShape) -> tuple[float, int]:
     if "moe_act" in modules and d.family == "moe" and not shape.software.fused_grouped_mlp:
         moved += 5 * d.top_k * expert_tokens(shape) * d.ffn_hidden * ab / expert_split(shape)
         kernels += 1
+        if clamped_units(shape):  # the clamp runs inside the recomputed function (``expert_extra_bytes``)
+            moved, kernels = moved + 8 * clamped_units(shape), kernels + 3
     return moved, kernels
+
+
+def clamped_units(shape: LayerShape) -> float:
+    """Bytes of the experts' (routed tokens, ffn) activation where Megatron-Core clamps it eagerly
+    (``expert_extra_bytes``), else 0."""
+    d = shape.dims
+    if d.family != "moe" or not d.glu_limit or shape.software.compiled or shape.software.fused_grouped_mlp:
+        return 0.0
+    return d.top_k * expert_tokens(shape) * d.ffn_hidden * ACTIVATION_BYTES[shape.dtype] / expert_split(shape)
+
+
+def expert_extra_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) the experts move beyond a plain SwiGLU where the model has
+    a clamped GLU (``ModelDims.glu_limit``) or biased expert linears (``ModelDims.expert_bias``), as Megatron-Core's
+    ``TEGroupedMLP`` runs them (core_v0.16.0; GPT-OSS through Megatron-Bridge's ``gpt_oss_bridge.py``: quick-GEGLU,
+    clamp 7.0, ``add_bias_linear``). U below is the (routed tokens, ffn) activation, R the (routed tokens, h) output.
+
+    * The clamp (megatron/core/fusions/fused_bias_geglu.py ``weighted_bias_quick_geglu_impl``) runs eagerly before the
+      fused activation: each half of fc1's output clamped (r+w), then the two concatenated again (2 r+w): 8 U in 3
+      kernels. Backward: each clamp's gradient reads the gradient and its input and writes one (3 U, twice), and the
+      halves' gradients are concatenated (4 U): 10 U in 3 kernels.
+    * fc1's bias is added in its grouped GEMM (``skip_bias_add=False``); fc2's is not (``skip_bias_add=True``) and is
+      added scaled by the routing probability, per local expert, in fp32 (experts.py ``_apply_bias``:
+      ``torch.cat([t + b * p ...]).to(dtype)``): b * p writes 4 bytes an element, t + it reads 2 + 4 and writes 4,
+      the concatenation reads and writes 4, the cast reads 4 and writes 2: 28 bytes per element of R. Backward: the
+      cast's gradient (2 r, 4 w), its cast to t's bf16 (4 r, 2 w), and the gradients of b and p, each a product
+      (4 r, 4 w) and a sum (4 r): 36 bytes.
+
+    None under torch.compile (``Software.compiled``: one kernel per pointwise chain) nor where the experts' grouped
+    GEMM runs the activation and scaled bias (``Software.fused_grouped_mlp``: Transformer Engine's fused grouped MLP,
+    ``ScaledClampedQGeGLU`` and GroupedLinear's ``scale_bias``)."""
+    d = shape.dims
+    if d.family != "moe" or shape.software.compiled or shape.software.fused_grouped_mlp:
+        return 0.0, 0, 0.0, 0
+    u = clamped_units(shape)
+    fwd, fk, bwd, bk = (8 * u, 3, 10 * u, 3) if u else (0.0, 0, 0.0, 0)
+    if d.expert_bias:
+        local = max(d.experts // shape.ep, 1)
+        r = d.top_k * expert_tokens(shape) * d.hidden
+        fwd, fk, bwd, bk = fwd + 28 * r, fk + 2 * local + 2, bwd + 36 * r, bk + 4 * local + 2
+    return fwd, fk, bwd, bk
 
 
 def fp8_cast_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
@@ -347,11 +390,12 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
     fused = fusion_saving(shape, shape.fusions)  # what the plan's fused kernels do not move
     cast_f, cast_fk, cast_b, cast_bk = fp8_cast_bytes(shape)
     pad_f, pad_fk, pad_b, pad_bk = unpad_bytes(shape)  # Software.attention_unpad: varlen gathers and scatters
-    mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f + pad_f,
-                          kernels - fused.fwd_kernels + cast_fk + pad_fk)
+    ex_f, ex_fk, ex_b, ex_bk = expert_extra_bytes(shape)  # a clamped GLU, biased experts
+    mem_f = memory_time_s(accel, moved - fused.fwd_bytes + cast_f + pad_f + ex_f,
+                          kernels - fused.fwd_kernels + cast_fk + pad_fk + ex_fk)
     again, again_k = recompute_modules_bytes(shape)  # Software.recompute_modules: their forward, in the backward
-    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b + again + pad_b,
-                          2 * kernels - fused.bwd_kernels + cast_bk + again_k + pad_bk)
+    mem_b = memory_time_s(accel, 2 * moved - fused.bwd_bytes + cast_b + again + pad_b + ex_b,
+                          2 * kernels - fused.bwd_kernels + cast_bk + again_k + pad_bk + ex_bk)
     ops_f, ops_b = dispatch_s(shape, cluster)
     if shape.dims.family == "gpt":  # GELU (tanh) at its measured rate where tanh, not memory, bounds it (CPUs)
         ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp

@@ -75,7 +75,13 @@ def dims_from_config(config: Any) -> ModelDims:
                      kv_heads=values["kv_heads"] or heads, ffn_hidden=values["ffn_hidden"] or 4 * hidden,
                      vocab=values["vocab"], experts=values["experts"] or 0, top_k=values["top_k"] or 0,
                      head_dim=head_dim if isinstance(head_dim, int) and head_dim > 0 else 0,
-                     attention_window=window, windowed_layers=windowed)
+                     attention_window=window, windowed_layers=windowed, glu_limit=_glu_limit(config))
+
+
+def _glu_limit(config: Any) -> float:
+    """The limit a gated MLP clamps its two halves to (Hugging Face GPT-OSS ``swiglu_limit``), 0.0 for none."""
+    limit = _lookup(config, ("swiglu_limit",))
+    return float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0 else 0.0
 
 
 def _sliding_window(config: Any) -> tuple[int, int]:

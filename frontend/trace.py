@@ -74,7 +74,14 @@ def _dims(model: nn.Module, nodes: Sequence[Node], params: Sequence[Param], bloc
         dims = dims_from_config(config)
     else:  # no config, or one without the usual names (e.g. T5's num_heads): read the graph
         dims = infer_dims(nodes, params, blocks, leaf_costs)
-    return normalized_family(dims, structure)
+    return dataclasses.replace(normalized_family(dims, structure), expert_bias=_experts_have_bias(params, structure))
+
+
+def _experts_have_bias(params: Sequence[Param], structure: ModelStructure) -> bool:
+    """Whether a parameter of the experts (``structure.experts``, a path inside each block) is a bias."""
+    inside = f".{structure.experts}."
+    return bool(structure.experts) and any(inside in f".{p.name}" and "bias" in p.name.rsplit(".", 1)[-1]
+                                           for p in params)
 
 
 def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_inputs: ExampleInputs | None = None,

@@ -137,6 +137,11 @@ class ModelDims:
     # the window (cost_model.flops.window_share, Software.window_kernel)
     attention_window: int = 0
     windowed_layers: int = 0
+    # what the experts run beyond a plain SwiGLU (cost_model.layer_cost.expert_extra_bytes): biases on their linears
+    # (GPT-OSS's gate_up_proj_bias and down_proj_bias, found among the traced experts' parameters), and a limit the
+    # GLU's two halves are clamped to before the gate (GPT-OSS's swiglu_limit 7.0; 0: none)
+    expert_bias: bool = False
+    glu_limit: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -787,6 +787,38 @@ def test_recomputed_modules_pay_their_forward_again_in_the_backward() -> None:
         dataclasses.replace(recipes, recompute_modules=("mla_up_proj",))
 
 
+def test_a_clamped_glu_and_biased_experts_move_what_megatron_core_runs_eagerly() -> None:
+    """GPT-OSS's experts (``ModelDims.glu_limit``, ``expert_bias``) under Megatron-Core's TEGroupedMLP: the clamp
+    moves 8 (routed tokens, ffn) passes forward and 10 backward, fc2's bias added in fp32 28 bytes a routed output
+    element forward and 36 backward (``layer_cost.expert_extra_bytes``); both recomputed with ``moe_act``; none
+    where the grouped GEMM fuses them or torch.compile does."""
+    from meshplan.cost_model.kernels import memory_time_s
+    from meshplan.cost_model.layer_cost import expert_extra_bytes, recompute_modules_bytes
+
+    gb200 = Cluster.preset("gb200-nvl72")
+    plain = ir.ModelDims(family="moe", layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088,
+                         experts=128, top_k=4, head_dim=64)
+    oss = dataclasses.replace(plain, expert_bias=True, glu_limit=7.0)
+    recipes = software_named("megatron-core-perf-recipes")
+    shape = LayerShape(dims=oss, micro_batch=4, seq_len=4096, ep=64, dtype="bfloat16", software=recipes)
+    routed = 4 * 4 * 4096  # top-k copies of the micro-batch's tokens
+    u, r = routed * 2880 * 2, routed * 2880
+    assert expert_extra_bytes(shape) == (pytest.approx(8 * u + 28 * r), 3 + 2 * 2 + 2,
+                                         pytest.approx(10 * u + 36 * r), 3 + 4 * 2 + 2)
+    base = dataclasses.replace(shape, dims=plain)
+    assert expert_extra_bytes(base) == (0.0, 0, 0.0, 0)
+    fwd, fk, bwd, bk = expert_extra_bytes(shape)
+    slow, fast = layer_cost(shape, gb200), layer_cost(base, gb200)
+    assert slow.fwd_compute_s - fast.fwd_compute_s == pytest.approx(memory_time_s(gb200.accelerator, fwd, fk))
+    assert slow.bwd_compute_s > fast.bwd_compute_s
+    for software in (dataclasses.replace(recipes, fused_grouped_mlp=True), dataclasses.replace(recipes, compiled=True)):
+        assert expert_extra_bytes(dataclasses.replace(shape, software=software)) == (0.0, 0, 0.0, 0)
+    act = dataclasses.replace(recipes, recompute_modules=("moe_act",))
+    again = recompute_modules_bytes(dataclasses.replace(shape, software=act))
+    assert again == (pytest.approx(5 * u + 8 * u), 1 + 3)
+    assert recompute_modules_bytes(dataclasses.replace(base, software=act)) == (pytest.approx(5 * u), 1)
+
+
 def test_a_software_name_adds_its_modifiers_to_its_preset() -> None:
     """``preset+modifier+...`` names the preset with the fields each modifier sets (``software.MODIFIERS``), as a
     plan file keeps it and ``--software`` takes it; unknown modifiers, misordered modules and modifiers on

@@ -36,6 +36,8 @@ def test_deepseek_v3_dense_layers_experts_and_shared_expert(q_lora_rank):
     assert (s.attn, s.o, s.attn_norm, s.mlp_norm) == ("self_attn", "self_attn.o_proj", "input_layernorm",
                                                       "post_attention_layernorm")
     assert not s.attn_split and s.head_dim == 24  # qk_nope + qk_rope: q's width per head
+    dims = _traced("DeepseekV3ForCausalLM", **_deepseek(q_lora_rank=q_lora_rank)).dims
+    assert (dims.expert_bias, dims.glu_limit) == (False, 0.0)  # no bias on its experts, no clamp
     assert any("'self_attn.kv_b_proj'" in n and "multi-head latent attention" in n for n in s.notes)
 
 
@@ -49,6 +51,8 @@ def test_gpt_oss_traces_with_sinks_kept_whole():
     assert (s.attn, s.o, s.attn_norm, s.head_dim) == ("self_attn", "self_attn.o_proj", "input_layernorm", 16)
     assert not s.attn_split and any("['sinks']" in n for n in s.notes)  # heads split would need sinks split
     assert (g.dims.experts, g.dims.top_k, g.dims.head_dim, g.dims.hidden) == (4, 2, 16, 72)
+    # the experts' biases are found among their parameters, the GLU's clamp read from swiglu_limit (default 7.0)
+    assert (g.dims.expert_bias, g.dims.glu_limit) == (True, 7.0)
 
 
 def test_dense_blocks_round_trip_and_are_checked():
