@@ -977,7 +977,7 @@ def graph_kind(cuda_graphs: str) -> str:
 def graph_table(results: list[Result]) -> str:
     """The in-sample error of the MoE rows whose config's CUDA graphs are known (``cuda_graphs``), by what they
     capture and whether they run micro-batch 1, where the host's launch time per kernel is largest against the
-    GPU's. GPT-OSS apart: its rows miss by 27% to 98% whatever they capture (README)."""
+    GPU's. GPT-OSS apart: its rows miss by -3% to +63% whatever they capture (README)."""
     groups: dict[tuple[str, str, str], list[float]] = {}
     for r in results:
         kind = graph_kind(r.run.cuda_graphs)
