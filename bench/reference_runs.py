@@ -174,8 +174,11 @@ they come from). LOSO predicts each source's rows with constants chosen without 
   a new publication, added after this, is the honest test.
 * The calibration (``Accelerator.calibration``, ``fit_factor``): what the priced model leaves out (the host's
   launches where the GPU outruns them, the slowest of many ranks, clocks under a training load, a kernel's tail)
-  is, over these rows, one share of the step per microarchitecture (``FAMILIES``: Ampere, Hopper, Blackwell,
-  CDNA): the median of measured / priced throughput over its rows, at most 1; a family without rows takes none.
+  is, over these rows, one share per microarchitecture (``FAMILIES``: Ampere, Hopper, Blackwell, CDNA) of the
+  compute outside the attention core, whose kernels are priced at the rates their own benchmarks measured at each
+  length (the median of each row's (measured / priced step - 1) over that compute's share of its step); a family
+  without rows takes none. As a share of the whole step it made the rows the attention core fills most (NeMo's
+  long-sequence table, priced at -0.2%) 11.4% slow, and left each source out it did worse: 9.9% against 9.2%.
   ``--write-calibration`` writes it into the presets (``estimate.calibrated`` adds it as the step's
   ``unpriced`` part), so the shipped model is in-sample for it. The LOSO columns refit it without the row's
   publication: what it is worth on a source it has not seen. Before it, the shipped model was the priced
@@ -790,9 +793,27 @@ class Result:
         return self.run.cluster.accelerator.calibration
 
     @property
+    def priced_step_s(self) -> float:
+        """The predicted step without its ``unpriced`` part."""
+        p = self.prediction
+        return p.step_time_s - p.time_s.get("unpriced", 0.0)
+
+    @property
     def priced(self) -> float:
         """The prediction without the calibration: what the model prices (module docstring)."""
-        return self.predicted / self.calibration
+        return self.predicted * self.prediction.step_time_s / self.priced_step_s
+
+    @property
+    def calibrated_share(self) -> float:
+        """The share of the priced step the calibration scales: the compute outside the attention core
+        (``estimate.calibrated``)."""
+        p = self.prediction
+        return max(0.0, p.time_s["compute"] - p.attention_s) / self.priced_step_s
+
+    def with_calibration(self, c: float) -> float:
+        """The predicted value (in the run's unit) under calibration ``c``: its unpriced part (1/c - 1) of the
+        compute outside the attention core, as ``estimate.calibrated`` adds it."""
+        return self.priced / (1.0 + (1.0 / c - 1.0) * self.calibrated_share)
 
 
 def evaluate(csv_path: Path, traced: Collection[str] | None = None,
@@ -834,15 +855,18 @@ def family_of(hardware: str) -> str:
 
 
 def fit_factor(train: list[Result], hardware: str) -> tuple[float, str]:
-    """(calibration, what it was fitted on): exp of the median log(measured / priced) over the training rows of
-    ``hardware``'s family (``FAMILIES``), at most 1 (the model is not made faster than what it prices); 1 where no
-    training row ran on the family. The median, not the mean: a program the model misprices by half (GPT-OSS's
-    rows) moves it by one row's weight, not by its error."""
+    """(calibration c, what it was fitted on) for ``hardware``'s family (``FAMILIES``): each training row of the
+    family that has compute outside its attention core says how much more than that compute its step took,
+    k = (measured step / priced step - 1) / (its share of the priced step, ``Result.calibrated_share``); c =
+    1 / (1 + the median k), at most 1 (the model is not made faster than what it prices); 1 where no training row
+    ran on the family. The median, not the mean: a program the model misprices by half moves it by one row's
+    weight, not by its error."""
     family = family_of(hardware)
-    logs = [math.log(r.run.measured / r.priced) for r in train if family_of(r.run.hardware) == family]
-    if not logs:
+    ks = [(r.priced / r.run.measured - 1.0) / r.calibrated_share for r in train
+          if family_of(r.run.hardware) == family and r.calibrated_share > 0]
+    if not ks:
         return 1.0, "none"
-    return min(1.0, math.exp(statistics.median(logs))), family
+    return 1.0 / (1.0 + max(0.0, statistics.median(ks))), family
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -855,7 +879,7 @@ class Fitted:
 
     @property
     def error(self) -> float:
-        return self.result.priced * self.factor / self.result.run.measured - 1
+        return self.result.with_calibration(self.factor) / self.result.run.measured - 1
 
 
 def calibrated(results: list[Result], train_of: Callable[[Result], list[Result]]) -> list[Fitted]:
@@ -876,7 +900,7 @@ def leave_one_source_out(results: list[Result]) -> list[Fitted]:
 def calibration_table(results: list[Result]) -> str:
     """Per family: the calibration the presets ship and the one ``fit_factor`` finds on every row now; they differ
     only where the presets were not rewritten (``--write-calibration``) after the rows or the model changed."""
-    lines = [f"{'calibration (median measured / priced)':<40} {'rows':>4} {'shipped':>8} {'refit':>8}  presets"]
+    lines = [f"{'calibration (fit_factor)':<40} {'rows':>4} {'shipped':>8} {'refit':>8}  presets"]
     for family, members in FAMILIES.items():
         rows = [r for r in results if family_of(r.run.hardware) == family]
         shipped = sorted({r.calibration for r in rows})
@@ -899,11 +923,12 @@ def write_calibration(results: list[Result]) -> list[Path]:
         family, (factor, basis) = family_of(name), fit_factor(results, name)
         text = re.sub(r'\n *"calibration": \{.*\},', "", text)  # one line, after the accelerator's name (below)
         if basis != "none" and factor < 1.0:
-            source = (f"bench/reference_runs.py --write-calibration: the median of measured / priced throughput over "
-                      f"the {counts[family]} published runs of {sources[family]} publications on {family} GPUs "
+            source = (f"bench/reference_runs.py --write-calibration (fit_factor): fitted on the {counts[family]} "
+                      f"published runs of {sources[family]} publications on {family} GPUs "
                       f"({', '.join(FAMILIES[family])}) in bench/data, each with its published plan and program: what "
-                      "the model does not price (host stalls, the slowest rank, clocks under load), as a share of "
-                      "the step; its leave-one-source-out error is that bench's LOSO column")
+                      "the model does not price (launches waiting on the host, kernel tails, clocks under load), "
+                      "1/c - 1 of the compute outside the attention core (estimate.calibrated); its "
+                      "leave-one-source-out error is that bench's LOSO column")
             entry = json.dumps({"value": round(factor, 3), "source": source})
             text = re.sub(r'("accelerator": \{\n( *)"name": [^\n]*\n)', lambda m: f'{m[1]}{m[2]}"calibration": {entry},\n',
                           text, count=1)

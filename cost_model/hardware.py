@@ -155,10 +155,11 @@ class Accelerator:
     # (CUDA_DEVICE_MAX_CONNECTIONS=1): NVIDIA GPUs before Blackwell. A program that needs more hardware queues for
     # another overlap (Megatron's 1F1B A2A overlap) then loses its TP comm-GEMM overlap (``layer_cost._comm``)
     ordered_comm_overlap: bool = False
-    # the share of the modelled throughput that published runs on this accelerator's family reach: the median of
-    # measured / predicted over them (``bench/reference_runs.py --write-calibration``); the rest of their step,
-    # what the model does not price (host stalls, the slowest rank, clocks under load), is its ``unpriced`` time
-    # (``estimate.calibrated``). 1: none (the default, CPU profiles, accelerators without published runs)
+    # c: the rate at which published runs on this accelerator's family ran the compute the model prices outside the
+    # attention core, against that price (``bench/reference_runs.py --write-calibration``, ``fit_factor``): what
+    # the model does not price (launches waiting on the host, kernel tails, clocks under load) is (1/c - 1) of that
+    # compute, the step's ``unpriced`` time (``estimate.calibrated``). 1: none (the default, CPU profiles,
+    # accelerators without published runs)
     calibration: float = 1.0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 

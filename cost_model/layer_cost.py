@@ -118,6 +118,7 @@ class LayerCost:
     fwd_compute_s: float
     bwd_compute_s: float
     core_fwd_s: float  # the attention core's forward
+    core_bwd_s: float = 0.0  # and its backward
     # what selective recompute repeats in the backward: the attention core (Korthikanti et al. 2022's
     # policy), or, where the runtime saves only the matmul and collective outputs
     # (``Software.selective_saves_matmuls``, codegen.program.SELECTIVE_SAVE_OPS), every other op of the
@@ -381,8 +382,9 @@ def core_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float]:
     return fwd + window_fwd, bwd + ratio * window_fwd
 
 
-def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float]:
-    """(forward, backward, attention-core forward, matmul forward, matmul backward) seconds."""
+def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float, float, float, float]:
+    """(forward, backward, attention-core forward, attention-core backward, matmul forward, matmul backward)
+    seconds."""
     accel = cluster.accelerator
     mm_f, mm_b = matmul_s(shape, cluster)
     core_f, core_b = core_s(shape, cluster)
@@ -401,7 +403,7 @@ def _compute_s(shape: LayerShape, cluster: Cluster) -> tuple[float, float, float
         ffn = shape.tokens * shape.dims.ffn_hidden / shape.tp
         mem_f += transcendental_excess_s(accel, "gelu", ffn, 2 * ffn * ACTIVATION_BYTES[shape.dtype])
         mem_b += transcendental_excess_s(accel, "gelu_backward", ffn, 4 * ffn * ACTIVATION_BYTES[shape.dtype])
-    return mm_f + core_f + mem_f + ops_f, mm_b + core_b + mem_b + ops_b, core_f, mm_f, mm_b
+    return mm_f + core_f + mem_f + ops_f, mm_b + core_b + mem_b + ops_b, core_f, core_b, mm_f, mm_b
 
 
 def regather_s(shape: LayerShape, cluster: Cluster) -> float:
@@ -476,15 +478,16 @@ def _comm(shape: LayerShape, cluster: Cluster, core_fwd_s: float, matmul_s_: tup
 @lru_cache(maxsize=8192)
 def layer_cost(shape: LayerShape, cluster: Cluster) -> LayerCost:
     """Forward and backward seconds of one layer for one micro-batch on one GPU."""
-    fwd_s, bwd_s, core_fwd, mm_f, mm_b = _compute_s(shape, cluster)
+    fwd_s, bwd_s, core_fwd, core_bwd, mm_f, mm_b = _compute_s(shape, cluster)
     fwd_comm, bwd_comm, fwd_bytes, bwd_bytes = _comm(shape, cluster, core_fwd, (mm_f, mm_b), (fwd_s, bwd_s))
     selective = fwd_s - mm_f if shape.software.selective_saves_matmuls else core_fwd
     if shape.software.selective_alternate_matmuls and shape.dims.family != "moe":  # torchtitan's policy: the
         selective += recomputed_matmuls_fwd_s(shape, cluster) - core_fwd  # attention output kept, half the matmuls not
         if shape.tp > 1 and shape.sp:  # and the two norm outputs gathered again (memory.matmul_save_units)
             selective += regather_s(shape, cluster)
-    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, selective_fwd_s=selective,
-                     fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes, comm_bytes_bwd=bwd_bytes)
+    return LayerCost(fwd_compute_s=fwd_s, bwd_compute_s=bwd_s, core_fwd_s=core_fwd, core_bwd_s=core_bwd,
+                     selective_fwd_s=selective, fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, comm_bytes_fwd=fwd_bytes,
+                     comm_bytes_bwd=bwd_bytes)
 
 
 @lru_cache(maxsize=1024)

@@ -106,6 +106,9 @@ class Prediction:
     time_s: dict[str, float]  # compute, exposed_comm, bubble; unpriced on a calibrated accelerator
     memory_limit_bytes: float = 0.0
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per collective family, per GPU per step
+    # of time_s["compute"]: the fused attention core's seconds (forward, backward, recomputed), which the calibration
+    # leaves out (cost_model.estimate.calibrated)
+    attention_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("params", "grads", "optimizer", "activations", "buffers"):

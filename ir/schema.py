@@ -141,6 +141,7 @@ class Prediction(_Strict):
     time_s: Annotated[dict[str, NonNeg], Field(max_length=MAX_ENTRIES)]
     memory_limit_bytes: NonNeg = 0.0
     comm_bytes: Annotated[dict[str, NonNeg], Field(max_length=MAX_ENTRIES)] = {}
+    attention_s: NonNeg = 0.0
 
 
 class Alternative(_Strict):
