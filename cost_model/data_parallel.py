@@ -139,8 +139,9 @@ def _ops(zero_stage: int, param_b: int, grad_b: int, regather: float,
     ``ZeroRedundancyOptimizer._broadcast_params_from_rank`` without ``parameters_as_bucket_view``)."""
     if zero_stage == 0:
         return (("all-reduce", grad_b, "reduce", 1.0, "buckets"),)
-    if zero_stage == 1 and software.zero1_allreduce:
-        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"), ("broadcast", param_b, "update", 1.0, "tensors"))
+    if zero_stage == 1 and software.zero1_allreduce:  # the updated parameters themselves: fp32 under fp32_params
+        owned_b = 4 if software.fp32_params else param_b
+        return (("all-reduce", grad_b, "reduce", 1.0, "buckets"), ("broadcast", owned_b, "update", 1.0, "tensors"))
     if zero_stage == 1:
         return (("reduce-scatter", grad_b, "reduce", 1.0, "buckets"), ("all-gather", param_b, "update", 1.0, "buckets"))
     if zero_stage == 2:

@@ -422,8 +422,10 @@ class Software:
 # meshplan's runtime: SDPA (flash) attention, no dropout in the zoo, DDP/FSDP2 overlap their
 # reductions with the backward and FSDP2 prefetches the next layer (and copies parameters out of,
 # gradients into, its flat collective buffers); ZeRO-1 is DDP + ZeroRedundancyOptimizer
-# (runtime/planned.py).
+# (runtime/planned.py); gradients reduced in fp32 under every compute dtype (codegen/precision.py
+# ``REDUCE_DTYPE``: FSDP2's ``reduce_dtype``, and DDP's all-reduce of the fp32 parameters' gradients).
 DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True, vocab_parallel_loss=True,
+                   fp32_grad_reduce=True,
                    dtensor_tp_styles=True, fsdp_plain_dp=True, ddp_accumulation_copy=True, fsdp_under_pipeline=True,
                    eager_modules=True, grad_accumulation_add=True, fp32_params=True,
                    selective_saves_matmuls=True)
@@ -433,7 +435,9 @@ DEFAULT = Software(name="meshplan", zero1_allreduce=True, zero_copy_buffers=True
 # ``meshplan export --to torchtitan`` writes for a selective plan (``selective_ac_option = "op"``). Its published
 # FSDP2 runs (bench/data/torchtitan_runs.csv) are costed as this program. A float8 plan of it is torchao's
 # Float8Linear with tensorwise dynamic scaling (torchtitan's ``float8`` converter, the recipe of its published runs),
-# which ``+float8`` names; ``+compile`` adds its per-block torch.compile (``compiled``).
+# which ``+float8`` names; ``+compile`` adds its per-block torch.compile (``compiled``). Its FSDP2 reduce-scatters in
+# fp32 as meshplan's runtime does (``--training.mixed_precision_reduce``, whose only choice is "float32" in
+# torchtitan/config_manager.py @ba24697, December 2024).
 TORCHTITAN = dataclasses.replace(DEFAULT, name="torchtitan", selective_alternate_matmuls=True, fp8_recipe="tensorwise")
 
 # Megatron-LM before FlashAttention, as Narayanan et al. 2021 (arXiv:2104.04473) and Korthikanti et

@@ -9,6 +9,7 @@ import pytest
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, bubble_s, collective_time, estimate, summary_of
 from meshplan.cost_model import summary as summary_module
+from meshplan.cost_model.software import Software
 
 H100 = Cluster.preset("h100-sxm")
 
@@ -56,10 +57,14 @@ def test_breakdowns_add_up(make_graph, make_plan, make_gpt) -> None:
 def test_data_parallel_traffic_is_2psi_and_zero3_is_3psi(make_graph, make_plan) -> None:
     cfg = zoo.config("llama3-8b")
     graph, psi = make_graph(cfg), zoo.param_count(cfg)
-    ddp = estimate(graph, H100, make_plan(cfg, H100, global_batch=8, seq_len=1024, dp=8))
+    bf16 = Software(name="bf16-reduce")  # a program that reduces the bf16 gradients as they are
+    ddp = estimate(graph, H100, make_plan(cfg, H100, global_batch=8, seq_len=1024, dp=8), software=bf16)
     assert ddp.comm_bytes["dp"] == pytest.approx(2 * psi * 2 * 7 / 8)  # all-reduce of bf16 grads
-    z3 = estimate(graph, H100, make_plan(cfg, H100, global_batch=8, seq_len=1024, dp=8, zero=3))
+    z3 = estimate(graph, H100, make_plan(cfg, H100, global_batch=8, seq_len=1024, dp=8, zero=3), software=bf16)
     assert z3.comm_bytes["dp"] == pytest.approx(1.5 * ddp.comm_bytes["dp"])
+    # meshplan's runtime reduces in fp32 (codegen.precision.REDUCE_DTYPE): its gathers stay bf16
+    ours = estimate(graph, H100, make_plan(cfg, H100, global_batch=8, seq_len=1024, dp=8, zero=3))
+    assert ours.comm_bytes["dp"] == pytest.approx((2 + 2 + 4) * psi * 7 / 8)
 
 
 def test_bubble_of_uneven_stages_is_the_other_ranks_times() -> None:

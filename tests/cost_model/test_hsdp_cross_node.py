@@ -12,6 +12,7 @@ from meshplan import ir
 from meshplan.cost_model import parse_cluster
 from meshplan.cost_model.collectives import collective_time, group_phases
 from meshplan.cost_model.data_parallel import STATE_BYTES, RankParams, data_parallel_cost
+from meshplan.cost_model.software import Software
 from meshplan.solver.space import candidates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +58,8 @@ def test_data_parallel_cost_runs_the_shard_group_across_nodes() -> None:
 
     def cost(spec: str, zero_group: int):
         return data_parallel_cost(params, cluster=parse_cluster(spec), mesh=mesh, zero_stage=3, dtype="bfloat16",
-                                  microbatches=1, fwd_window_s=0.0, bwd_window_s=0.0, zero_group=zero_group)
+                                  microbatches=1, fwd_window_s=0.0, bwd_window_s=0.0, zero_group=zero_group,
+                                  software=Software(name="bf16-reduce"))  # gradients reduced in bf16
 
     got = cost("h100-sxm:4x8", 16)
     param_b, grad_b, _ = STATE_BYTES["bfloat16"]  # bytes per parameter and per gradient element

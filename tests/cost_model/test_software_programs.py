@@ -97,7 +97,7 @@ def test_reductions_after_the_backward_are_exposed(make_graph, make_plan, make_g
     cluster = Cluster.preset("h100-sxm", nodes=4)
     plan = make_plan(cfg, cluster, global_batch=64, seq_len=2048, dp=32, micro_batch=2)
     overlapped = estimate(make_graph(cfg), cluster, plan)
-    after = estimate(make_graph(cfg), cluster, plan, software=Software(name="no-overlap", overlap_grad_reduce=False))
+    after = estimate(make_graph(cfg), cluster, plan, software=Software(name="no-overlap", overlap_grad_reduce=False, fp32_grad_reduce=True))
     assert after.time_s["exposed_comm"] > overlapped.time_s["exposed_comm"]
     assert after.comm_bytes == overlapped.comm_bytes  # the same bytes, only less hidden
 
@@ -136,7 +136,8 @@ def test_every_fsdp_unit_pays_the_collective_latency(make_graph, make_plan, make
 
 def test_meshplan_zero1_moves_three_psi_megatron_two(make_graph, make_plan, make_gpt) -> None:
     """Megatron: reduce-scatter + all-gather, 2 Psi (n-1)/n. torch: DDP's all-reduce, the same 2 Psi
-    (n-1)/n, then ZeroRedundancyOptimizer broadcasts every parameter from its owner: Psi more."""
+    (n-1)/n, then ZeroRedundancyOptimizer broadcasts every parameter from its owner: Psi more. meshplan's runtime
+    keeps fp32 parameters and reduces fp32 gradients (codegen.precision.REDUCE_DTYPE): each at 4 bytes."""
     from meshplan.cost_model.summary import summary_of
 
     cfg = make_gpt(8, 1024, 8)
@@ -145,9 +146,9 @@ def test_meshplan_zero1_moves_three_psi_megatron_two(make_graph, make_plan, make
     graph = make_graph(cfg)
     ours = estimate(graph, cluster, plan).comm_bytes["dp"]
     megatron = estimate(graph, cluster, plan, software=MEGATRON).comm_bytes["dp"]
-    psi_bytes = summary_of(graph).total_params * 2  # bf16 parameters
-    assert megatron == pytest.approx(2 * psi_bytes * 7 / 8)
-    assert ours == pytest.approx(megatron + psi_bytes)
+    psi = summary_of(graph).total_params
+    assert megatron == pytest.approx(2 * 2 * psi * 7 / 8)  # bf16 gradients and parameters
+    assert ours == pytest.approx(2 * 4 * psi * 7 / 8 + 4 * psi)
 
 
 def test_torch_zero1_broadcasts_each_parameter_tensor(make_graph, make_plan, make_gpt) -> None:
@@ -211,13 +212,14 @@ def test_hidden_communication_slows_compute_by_the_measured_share(zero: int) -> 
 
 
 def test_fsdp2_buffer_copies_cost_two_passes_over_each_collective() -> None:
-    """ZeRO-3 per micro-batch: two all-gathers and one reduce-scatter of 8e9 bf16 parameters, each
-    copied out of (into) its flat buffer: 3 x 2 x 16 GB read and written at HBM speed."""
+    """ZeRO-3 per micro-batch: two all-gathers of 8e9 bf16 parameters and one reduce-scatter of their fp32
+    gradients (meshplan's runtime reduces in fp32), each copied out of (into) its flat buffer: 2 x (16 + 16 + 32) GB
+    read and written at HBM speed."""
     base = dataclasses.replace(DEFAULT_SOFTWARE, overlap_slowdown=0.0)
     accel = Cluster.preset("a100-80gb").accelerator
     with_copies = _dp_cost(base, zero=3, window_s=0.0)
     without = _dp_cost(dataclasses.replace(base, zero_copy_buffers=False), zero=3, window_s=0.0)
-    expected = 3 * 2 * 8e9 * 2 / (accel.memory_bw_Bps * accel.memory_efficiency)
+    expected = 2 * 8e9 * (2 + 2 + 4) / (accel.memory_bw_Bps * accel.memory_efficiency)
     assert with_copies.compute_per_microbatch_s - without.compute_per_microbatch_s == pytest.approx(expected)
     assert _dp_cost(base, zero=1, window_s=0.0).compute_per_step_s == 0.0  # ZeRO-1: DDP buckets, no copies
 
@@ -242,7 +244,7 @@ def test_fsdp_under_torch_pipelining_reduces_once_after_the_schedule() -> None:
                                   dtype="bfloat16", microbatches=m, fwd_window_s=10.0, bwd_window_s=20.0)
             for m in (4, 16)}
     assert cost[4].bus_bytes == cost[16].bus_bytes and cost[4].per_microbatch_s == 0.0
-    rs = collective_time("reduce-scatter", 4e9 * 2, 32, 2, cluster) + 16 * collective_time(
+    rs = collective_time("reduce-scatter", 4e9 * 4, 32, 2, cluster) + 16 * collective_time(  # fp32 gradients
         "reduce-scatter", 1.0, 32, 2, cluster)
     ag = collective_time("all-gather", 4e9 * 2, 32, 2, cluster) + 16 * collective_time(
         "all-gather", 1.0, 32, 2, cluster)
@@ -996,12 +998,12 @@ def test_megatron_fsdp_reduces_gradients_in_the_models_dtype_where_the_distribut
     """Software.reduces_grads_in_fp32: Megatron-LM accumulates and reduces bf16 gradients in fp32 under its
     distributed optimizer (megatron-core-2024's fp32_grad_reduce), but Megatron-FSDP, ZeRO-3 of a Megatron-Core
     program, keeps them in the model's dtype ("auto"): half the reduce-scatter's bytes of the fp32 count, and its
-    gradient memory in bf16. meshplan's runtime (FSDP2, no fp32 reduce) is unchanged."""
+    gradient memory in bf16. meshplan's runtime reduces in fp32 at every ZeRO stage (codegen.precision)."""
     cfg = zoo.config("llama3-8b")
     graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm", nodes=2)
     mcore = software_named("megatron-core-2024")
     assert mcore.fp32_grad_reduce and mcore.reduces_grads_in_fp32(1) and not mcore.reduces_grads_in_fp32(3)
-    assert not DEFAULT_SOFTWARE.reduces_grads_in_fp32(3)
+    assert DEFAULT_SOFTWARE.reduces_grads_in_fp32(3) and DEFAULT_SOFTWARE.reduces_grads_in_fp32(1)
     as_fp32 = dataclasses.replace(mcore, megatron_buckets=False)  # the same program, told to reduce in fp32
     assert as_fp32.reduces_grads_in_fp32(3)
     plan = make_plan(cfg, cluster, global_batch=16, seq_len=4096, tp=1, dp=16, zero=3, recompute="full")
