@@ -97,7 +97,8 @@ def test_reductions_after_the_backward_are_exposed(make_graph, make_plan, make_g
     cluster = Cluster.preset("h100-sxm", nodes=4)
     plan = make_plan(cfg, cluster, global_batch=64, seq_len=2048, dp=32, micro_batch=2)
     overlapped = estimate(make_graph(cfg), cluster, plan)
-    after = estimate(make_graph(cfg), cluster, plan, software=Software(name="no-overlap", overlap_grad_reduce=False, fp32_grad_reduce=True))
+    after = estimate(make_graph(cfg), cluster, plan,
+                     software=Software(name="no-overlap", overlap_grad_reduce=False, fp32_grad_reduce=True))
     assert after.time_s["exposed_comm"] > overlapped.time_s["exposed_comm"]
     assert after.comm_bytes == overlapped.comm_bytes  # the same bytes, only less hidden
 
