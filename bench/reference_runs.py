@@ -178,7 +178,8 @@ they come from). LOSO predicts each source's rows with constants chosen without 
   compute outside the attention core, whose kernels are priced at the rates their own benchmarks measured at each
   length (the median of each row's (measured / priced step - 1) over that compute's share of its step); a family
   without rows takes none. As a share of the whole step it made the rows the attention core fills most (NeMo's
-  long-sequence table, priced at -0.2%) 11.4% slow, and left each source out it did worse: 9.9% against 9.2%.
+  long-sequence table, priced at -0.2%) 11.4% slow, and left each source out it did worse when this came in:
+  9.9% against 9.2%.
   ``--write-calibration`` writes it into the presets (``estimate.calibrated`` adds it as the step's
   ``unpriced`` part), so the shipped model is in-sample for it. The LOSO columns refit it without the row's
   publication: what it is worth on a source it has not seen. Before it, the shipped model was the priced

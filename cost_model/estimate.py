@@ -298,8 +298,9 @@ def calibrated(time_s: dict[str, float], cluster: Cluster, attention_s: float = 
     the plan's sequence length, the exposed communication and the bubble from the links and the schedule; and the
     published runs whose step the attention core fills most (NeMo's long-sequence table, 9 rows) are priced at
     -0.2% on average without any, where a share of the whole step made them 11.4% slow. Leaving each source out,
-    a share of the compute outside attention predicts better than a share of the whole step (MAPE 9.2% against
-    9.9% over 573 runs, ``bench/reference_runs.py``). A plan with more compute for the same step pays more."""
+    a share of the compute outside attention predicted better than a share of the whole step when it came in (MAPE
+    9.2% against 9.9% over 573 runs, ``bench/reference_runs.py``). A plan with more compute for the same step pays
+    more."""
     c = cluster.accelerator.calibration
     if c >= 1.0:
         return time_s
