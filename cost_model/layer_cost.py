@@ -263,16 +263,23 @@ def recompute_modules_bytes(shape: LayerShape) -> tuple[float, int]:
     if "moe_act" in modules and d.family == "moe" and not shape.software.fused_grouped_mlp:
         moved += 5 * d.top_k * expert_tokens(shape) * d.ffn_hidden * ab / expert_split(shape)
         kernels += 1
-        if clamped_units(shape):  # the clamp runs inside the recomputed function (``expert_extra_bytes``)
-            moved, kernels = moved + 8 * clamped_units(shape), kernels + 3
+        if clamped := clamped_units(shape):  # the clamp runs inside the recomputed function (``expert_extra_bytes``)
+            moved, kernels = moved + 8 * clamped, kernels + 3
     return moved, kernels
+
+
+def _eager_experts(shape: LayerShape) -> bool:
+    """Whether the experts' activation and fc2 bias run as Megatron-Core's eager ops (``expert_extra_bytes``): a MoE
+    layer neither torch.compile (``Software.compiled``) nor a fused grouped MLP (``Software.fused_grouped_mlp``)
+    fuses."""
+    return shape.dims.family == "moe" and not shape.software.compiled and not shape.software.fused_grouped_mlp
 
 
 def clamped_units(shape: LayerShape) -> float:
     """Bytes of the experts' (routed tokens, ffn) activation where Megatron-Core clamps it eagerly
     (``expert_extra_bytes``), else 0."""
     d = shape.dims
-    if d.family != "moe" or not d.glu_limit or shape.software.compiled or shape.software.fused_grouped_mlp:
+    if not d.glu_limit or not _eager_experts(shape):
         return 0.0
     return d.top_k * expert_tokens(shape) * d.ffn_hidden * ACTIVATION_BYTES[shape.dtype] / expert_split(shape)
 
@@ -298,7 +305,7 @@ def expert_extra_bytes(shape: LayerShape) -> tuple[float, int, float, int]:
     GEMM runs the activation and scaled bias (``Software.fused_grouped_mlp``: Transformer Engine's fused grouped MLP,
     ``ScaledClampedQGeGLU`` and GroupedLinear's ``scale_bias``)."""
     d = shape.dims
-    if d.family != "moe" or shape.software.compiled or shape.software.fused_grouped_mlp:
+    if not _eager_experts(shape):
         return 0.0, 0, 0.0, 0
     u = clamped_units(shape)
     fwd, fk, bwd, bk = (8 * u, 3, 10 * u, 3) if u else (0.0, 0, 0.0, 0)
