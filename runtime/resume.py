@@ -17,16 +17,18 @@ the file) and falls back to the next older one: ``KEEP_LAST`` checkpoints are ke
 
 Fault injection for tests: with ``MESHPLAN_FAIL_AT_STEP=S`` (and ``MESHPLAN_FAIL_RANK=r``, default 0)
 rank r exits with status 1 just before step S, on the first attempt only
-(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset); with ``MESHPLAN_FAIL_HOW=stop`` it stops itself
-(SIGSTOP) instead, as a hung rank would, and its peers wait out the process group's timeout.
+(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset); with ``MESHPLAN_FAIL_HOW=hang`` it hangs instead (sleeps,
+joining no collective again), as a hung rank would, and its peers wait out the process group's timeout. (A hang
+in Python, not SIGSTOP: torchrun's restart sends SIGTERM to the surviving workers and waits 30 s for them to exit,
+which a stopped process never does, ``LocalElasticAgent._stop_workers`` in torch 2.13, before it kills them.)
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -90,13 +92,12 @@ def maybe_fail(step: int) -> None:
     if not fail_at or int(fail_at) != step or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
         return
     if dist.get_rank() == int(os.environ.get("MESHPLAN_FAIL_RANK", "0")):
-        stop = os.environ.get("MESHPLAN_FAIL_HOW", "exit") == "stop"
-        print(f"[meshplan] rank {dist.get_rank()}: injected {'stop' if stop else 'failure'} before step {step}",
+        hang = os.environ.get("MESHPLAN_FAIL_HOW", "exit") == "hang"
+        print(f"[meshplan] rank {dist.get_rank()}: injected {'hang' if hang else 'failure'} before step {step}",
               flush=True)
-        if stop:
-            os.kill(os.getpid(), signal.SIGSTOP)
-        else:
-            os._exit(1)
+        while hang:
+            time.sleep(3600)
+        os._exit(1)
 
 
 def run_resumable(plan: Plan, model: nn.Module, steps: int = 5, seed: int = 0, *,

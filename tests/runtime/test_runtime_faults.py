@@ -5,7 +5,7 @@ under no ep, and training continues as one process would; a checkpoint with 8 by
 a shard, then one with a truncated ``.metadata``, is detected, named on stderr, and the previous one
 is used, ending where an uninterrupted run ends; when no checkpoint verifies, the error says so.
 
-Through ``meshplan run`` on 2 processes: a rank stopped with SIGSTOP fails the step after
+Through ``meshplan run`` on 2 processes: a hung rank fails the step after
 ``--pg-timeout`` and torchrun's restart resumes with the same losses; a failed run with
 ``--max-restarts 0`` keeps its temporary checkpoint directory and prints the command that resumes
 it, which then finishes the run; a killed torchrun agent takes its workers with it."""
@@ -109,15 +109,15 @@ def plan_path(straight_run) -> Path:
     return straight_run.plan_path
 
 
-def test_a_stopped_rank_fails_the_step_and_the_restart_resumes(plan_path, straight_run, tmp_path) -> None:
+def test_a_hung_rank_fails_the_step_and_the_restart_resumes(plan_path, straight_run, tmp_path) -> None:
     final, ckpt = tmp_path / "final.pt", tmp_path / "ckpt"
-    stop = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1", "MESHPLAN_FAIL_HOW": "stop"}
+    hang = {"MESHPLAN_FAIL_AT_STEP": "3", "MESHPLAN_FAIL_RANK": "1", "MESHPLAN_FAIL_HOW": "hang"}
     began = time.monotonic()
     code, out, err = finish(start(plan_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
-                                  "--max-restarts", "1", "--pg-timeout", "20", "--save-final", str(final), env=stop))
+                                  "--max-restarts", "1", "--pg-timeout", "20", "--save-final", str(final), env=hang))
     elapsed = time.monotonic() - began
     assert code == 0, out + err
-    assert "injected stop before step 3" in out and "resumed from" in out and "at step 2" in out, out
+    assert "injected hang before step 3" in out and "resumed from" in out and "at step 2" in out, out
     assert re.search(r"time(d)? ?out", err, re.I), err[-3000:]  # rank 0 gave up waiting: gloo's timeout
     _assert_same_end(straight_run, losses_of(out), final)
     assert elapsed < 600, elapsed  # not gloo's default 30 minutes
