@@ -15,12 +15,12 @@ as a value (``Cluster``), nothing here queries a device, torch or the environmen
     data_parallel.py DP/ZeRO traffic and overlap, the optimizer step
     footprint.py     peak memory per GPU
     sublayers.py     sublayers a plan keeps whole over tp (the intra-op program's choice), priced whole
-    estimate.py      estimate(graph, cluster, plan) -> ir.Prediction
+    estimate.py      estimate(graph, cluster, plan) -> ir.Prediction; step_time(...) its step alone
 """
 from .catalog import cluster_from_dict, parse_cluster, preset_data, preset_names
 from .collectives import Collective, bus_bytes, collective_time, flat_collective_time, group_phases
 from .data_parallel import data_parallel_cost, optimizer_step_s
-from .estimate import check_plan, estimate, host_offload_layers, memory_breakdown
+from .estimate import check_plan, estimate, host_offload_layers, memory_breakdown, step_time
 from .flops import (attention_core_flops, hardware_flops_per_step, layer_matmul_params, layer_params,
                     model_flops_per_step, recompute_flops_per_step)
 from .footprint import ALLOCATOR_FRACTION, rank_memory
@@ -44,6 +44,6 @@ __all__ = [
     "layer_cost",
     "layer_matmul_params", "layer_params", "load_profile", "logits_bytes", "matmul_fwd_bwd_s", "matmul_time_s",
     "host_offload_layers", "memory_breakdown", "memory_time_s", "model_flops_per_step", "optimizer_step_s", "parse_cluster",
-    "plain_attention_fwd_bwd_s", "preset_data", "preset_names", "rank_layers", "rank_memory",
+    "plain_attention_fwd_bwd_s", "preset_data", "preset_names", "rank_layers", "rank_memory", "step_time",
     "recompute_flops_per_step", "software_named", "state_bytes", "summary_of", "worthwhile",
 ]

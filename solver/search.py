@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers
+from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers, step_time
 from ..cost_model.summary import summary_of
 from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
@@ -158,7 +158,7 @@ class _Search:
     """What the phases share: the candidates by bound, the costed window, the clock."""
     req: Request
     cands: list[Candidate]
-    bounds: list[Prediction]
+    bounds: list[float]  # each candidate's step without recomputation (``step_time``), ascending
     costs: dict[int, ilp.CandidateCost]
     limit: float
     start: float
@@ -218,17 +218,20 @@ def _bounded(req: Request, start: float) -> _Search:
     if not cands:
         raise explain_empty(dims, world=cl.world_size, domain=scale_up_gpus(cl),
                             global_batch=req.global_batch, fixed=req.fixed)
-    preds = [estimate(req.graph, cl, plan_of(req, c), software=req.software) for c in cands]
-    order = sorted(range(len(cands)), key=lambda i: (preds[i].step_time_s, i))
-    return _Search(req=req, cands=[cands[i] for i in order], bounds=[preds[i] for i in order], costs={},
-                   limit=preds[0].memory_limit_bytes, start=start)
+    # ordered by the step alone: the memory and the rest of the prediction only for the candidates the window
+    # costs (``_solve_window``), a third of the work of each of the many it never reaches
+    steps = [step_time(req.graph, cl, plan_of(req, c), software=req.software) for c in cands]
+    order = sorted(range(len(cands)), key=lambda i: (steps[i], i))
+    limit = estimate(req.graph, cl, plan_of(req, cands[0]), software=req.software).memory_limit_bytes
+    return _Search(req=req, cands=[cands[i] for i in order], bounds=[steps[i] for i in order], costs={},
+                   limit=limit, start=start)
 
 
 def _first_that_fits(s: _Search, kept: list[int], pinned: str | None, bound_out: float):
     """When time ran out before the program found a plan: the first candidate in bound order whose own
     program (one candidate: its recompute counts alone) has a solution, reported FEASIBLE with the lower
     bound of every candidate still in the race, so the gap says how far from proven it is."""
-    bound = min(s.bounds[kept[0]].step_time_s, bound_out)
+    bound = min(s.bounds[kept[0]], bound_out)
     for i in kept:
         one = ilp.Problem(costs=(s.costs[i],), memory_limit_bytes=s.limit, pinned_recompute=pinned)
         sol = ilp.solve(one, time_limit_s=5.0)
@@ -241,14 +244,15 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
     size, pinned = WINDOW, fixed.get("recompute")
     while True:
         for i in range(len(s.costs), min(size, len(s.cands))):
-            s.costs[i] = cost_candidate(s.req, s.cands[i], s.bounds[i])
+            none = estimate(s.req.graph, s.req.cluster, plan_of(s.req, s.cands[i]), software=s.req.software)
+            s.costs[i] = cost_candidate(s.req, s.cands[i], none)
         kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i], pinned) <= s.limit]
         if kept:
             problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
                                   pinned_recompute=pinned)
             left = s.req.time_limit_s - (time.perf_counter() - s.start)
             sol = ilp.solve(problem, time_limit_s=max(left, 0.5))
-            bound_out = s.bounds[size].step_time_s if size < len(s.cands) else float("inf")
+            bound_out = s.bounds[size] if size < len(s.cands) else float("inf")
             if sol.candidate >= 0 and (sol.objective_s <= bound_out or left <= 0):
                 if sol.objective_s > bound_out:
                     sol = replace(sol, status="FEASIBLE", bound_s=min(sol.bound_s, bound_out))
