@@ -2,9 +2,10 @@
 
 Phases, each timed into the plan's solver statistics:
 
-1. enumerate the candidates (``space.py``) and cost each with the cost model without
-   recomputation: a lower bound on its objective;
-2. take a window of the cheapest, cost them with selective and full recomputation, drop those that
+1. enumerate the candidates (``space.py``) and time each with the cost model without
+   recomputation (``cost_model.step_time``: the step alone, no memory): a lower bound on its objective;
+2. take a window of the cheapest, cost them without and with selective and full recomputation
+   (``estimate``, memory included), drop those that
    cannot fit even fully recomputed, and solve the integer program (``ilp.py``) on the rest; grow
    the window until the optimum inside it is no worse than the bound of the first candidate left
    out, which proves it optimal over all candidates;
