@@ -223,9 +223,8 @@ def _bounded(req: Request, start: float) -> _Search:
     # costs (``_solve_window``), a third of the work of each of the many it never reaches
     steps = [step_time(req.graph, cl, plan_of(req, c), software=req.software) for c in cands]
     order = sorted(range(len(cands)), key=lambda i: (steps[i], i))
-    limit = estimate(req.graph, cl, plan_of(req, cands[0]), software=req.software).memory_limit_bytes
     return _Search(req=req, cands=[cands[i] for i in order], bounds=[steps[i] for i in order], costs={},
-                   limit=limit, start=start)
+                   limit=cl.accelerator.usable_memory_bytes, start=start)  # every prediction's memory_limit_bytes
 
 
 def _first_that_fits(s: _Search, kept: list[int], pinned: str | None, bound_out: float):
