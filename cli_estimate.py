@@ -22,8 +22,6 @@ from . import ir, zoo
 from .cost_model import Cluster, estimate, parse_cluster, software_named
 from .cli_flags import software_name
 from .cost_model.software import SOFTWARE
-from .solver.layouts import param_layouts
-from .solver.stages import megatron_counts
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp8": "float8",
           "float8": "float8", "nvfp4": "float4", "fp4": "float4", "float4": "float4", "fp32": "float32",
@@ -86,6 +84,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     graph = traced.graph if traced is not None else _graph(config, args.seq_len)
     if traced is not None:  # the user's model: the plan says where it comes from and what was found in it
         plan = replace(plan, source=traced.source, structure=traced.structure)
+    from .solver.layouts import param_layouts  # here, not at import: `meshplan run`'s workers build this parser
+
     names = tuple(p.name for p in graph.params)
     plan = replace(plan, param_layouts=param_layouts(names, tp=plan.mesh.tp, zero=plan.zero_stage, dp=plan.mesh.dp))
     plan = replace(plan, software=args.software)
@@ -224,6 +224,8 @@ def _stages(args: argparse.Namespace, layers: int) -> tuple[tuple[int, int], ...
     if args.pp == 1 and args.vp == 1 and not args.stages:
         return ()
     if given:
+        from .solver.stages import megatron_counts
+
         counts = list(megatron_counts(layers, args.pp, args.vp, **megatron))
     elif args.stages:
         try:
