@@ -280,10 +280,14 @@ def _bandwidth(t: dict[str, Any], at: str, gpus_per_node: int) -> float:
                                   f"links_per_node and link_Gbps (per link and direction), not "
                                   f"{sorted(k for k in t if k in ('bandwidth_Bps', *links)) or 'neither'}")
     if "bandwidth_Bps" in t:
-        per_gpu = _real(t["bandwidth_Bps"], f"{at}.bandwidth_Bps")
+        field, per_gpu = "bandwidth_Bps", _real(t["bandwidth_Bps"], f"{at}.bandwidth_Bps")
     else:
+        field = "link_Gbps"
         per_gpu = (_count(t["links_per_node"], f"{at}.links_per_node") * _real(t["link_Gbps"], f"{at}.link_Gbps")
                    * 1e9 / 8 / gpus_per_node)
+    if per_gpu <= 0:  # here, where the file's field can be named, not later in Tier's own check
+        raise InvalidClusterError(f"{at}.{field}: value must be a number > 0 (a tier that moves no bytes carries no "
+                                  f"collective), got {t[field]['value']!r}")
     if "oversubscription" in t:
         ratio = _real(t["oversubscription"], f"{at}.oversubscription")
         if ratio < 1:
