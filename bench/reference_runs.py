@@ -205,6 +205,7 @@ from pathlib import Path
 from meshplan import ir, zoo
 from meshplan.cost_model import Cluster, Software, cluster_from_dict, estimate, software_named
 from meshplan.cost_model.files import read_json
+from meshplan.cost_model.summary import summary_of
 from meshplan.solver.stages import bounds, megatron_counts
 
 # the published runs and the accelerators, each row with its source (copied from the project's
@@ -954,15 +955,15 @@ def _factor_text(fits: list[Fitted]) -> str:
 
 
 def loso_table(results: list[Result]) -> str:
-    """Per publication, per accelerator and per family: the error of what the model prices (no calibration), of
-    the shipped model (its presets' calibration, fitted on every row: in sample), and leave-one-source-out (the
-    calibration refitted without the row's publication, ``fit_factor``)."""
+    """Per publication, per accelerator, per family and per workload class (``workload_class``): the error of what
+    the model prices (no calibration), of the shipped model (its presets' calibration, fitted on every row: in
+    sample), and leave-one-source-out (the calibration refitted without the row's publication, ``fit_factor``)."""
     fitted_out = leave_one_source_out(results)
     head = (f"{'group':<60} {'rows':>4} | {'priced: MAPE  signed':>21} | {'shipped: MAPE  signed':>21} | "
             f"{'LOSO: calibration (fit on)':>26}   MAPE  signed")
     lines = [head, "-" * len(head)]
     keys = (("publication", lambda r: r.run.publication), ("accelerator", lambda r: r.run.hardware),
-            ("family", lambda r: family_of(r.run.hardware)), ("", lambda r: "all rows"))
+            ("family", lambda r: family_of(r.run.hardware)), ("class", workload_class), ("", lambda r: "all rows"))
     for title, key in keys:
         for name in dict.fromkeys(key(r) for r in results):
             idx = [i for i, r in enumerate(results) if key(r) == name]
@@ -974,7 +975,25 @@ def loso_table(results: list[Result]) -> str:
     off = [f"{name} {signed:+.1%}" for name, signed in outside_band(fitted_out, keys[:3])]
     lines.append(f"LOSO groups whose mean signed error lies beyond +-{SIGNED_BAND:.0%} (issue 13's band): "
                  + (", ".join(off) if off else "none"))
+    off = [f"{name} {signed:+.1%}" for name, signed in outside_band(fitted_out, keys[3:4])]
+    lines.append("and by workload class (as issue 13's own table groups): " + (", ".join(off) if off else "none"))
     return "\n".join(lines)
+
+
+# the programs PyTorch's own FSDP2 runs (torchtitan, NeMo Automodel, meshplan's runtime): issue 13's "PyTorch-native"
+NATIVE_PROGRAMS = ("torchtitan", "nemo-automodel-2025", "meshplan")
+
+
+def workload_class(result: Result) -> str:
+    """The row's accelerator, dense or MoE (the model has routed experts), CP where its plan splits the sequence,
+    and PyTorch-native where an FSDP2 program runs it (``NATIVE_PROGRAMS``): the groups issue 13's table reports
+    its first errors by (H100 dense, H100 with CP, B200 and GB200, MoE on GB200, PyTorch-native FSDP2), kept
+    apart by accelerator."""
+    run = result.run
+    moe = summary_of(run.graph).dims.experts > 0
+    native = run.software.split("+")[0] in NATIVE_PROGRAMS
+    return (f"{run.hardware} {'MoE' if moe else 'dense'}{' CP' if run.plan.mesh.cp > 1 else ''}"
+            f"{' PyTorch-native' if native else ''}")
 
 
 SIGNED_BAND = 0.08  # issue 13: no group's mean signed error beyond +-8%

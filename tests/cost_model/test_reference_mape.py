@@ -242,6 +242,11 @@ def test_torchtitan_runs_are_a_source_of_the_reference_set_under_the_torchtitan_
     assert len(h200) == 2 and all(r.hardware == "h200" and r.software == "torchtitan+compile+float8" for r in h200)
     table = bench.loso_table(found)
     assert "publication: pytorch/torchtitan docs/performance.md" in table
+    # and by workload class, issue 13's own grouping: torchtitan's 64K-256K rows are H100 dense CP PyTorch-native
+    assert "class: h100-sxm dense CP PyTorch-native" in table and "and by workload class" in table
+    assert {bench.workload_class(r) for r in found if "torchtitan" in r.run.software and r.run.plan.mesh.cp > 1} == {
+        "h100-sxm dense CP PyTorch-native"}
+    assert all(bench.workload_class(r).split()[1] == "MoE" for r in found if r.run.label.startswith("DeepSeekV3"))
 
 
 def test_a_tokens_row_compares_tokens_per_second_per_gpu(results) -> None:
