@@ -2,6 +2,7 @@
 returns a ``Plan`` that can be reported, saved, emitted as a program, or applied to a model."""
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import weakref
@@ -145,8 +146,21 @@ def model_and_source(model: ModelLike, model_kwargs: dict[str, Any] | None = Non
     else:
         raise ir.UnsupportedModelError(f"model must be an nn.Module, a zoo name, a zoo config dict or a builder "
                                        f"'pkg.module:function', got {type(model).__name__}")
+    if src["kind"] == "zoo":
+        return _zoo_module(json.dumps(src, sort_keys=True)), src
     with torch.device("meta"):
         return sources.build(src), src
+
+
+@functools.lru_cache(maxsize=16)
+def _zoo_module(src: str) -> torch.nn.Module:
+    """The meta module of a zoo source (its JSON), built once: a zoo name or config fixes the module, so planning
+    it on several clusters, or under several pins, builds it once and ``_traced`` traces it once (a builder or a
+    Hugging Face directory may change between two calls, and is built each time). Only read from here on."""
+    from .runtime import source as sources
+
+    with torch.device("meta"):
+        return sources.build(json.loads(src))
 
 
 def source_of(model: torch.nn.Module) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import meshplan as mp
-from meshplan import ir
+from meshplan import ir, zoo
 from meshplan.runtime import source as sources
 
 import user_models
@@ -125,3 +125,19 @@ def test_one_module_planned_again_is_traced_once_while_it_is_unchanged(monkeypat
     del model
     gc.collect()
     assert gone() is None  # the cache does not keep a module alive
+
+
+def test_a_zoo_model_planned_again_is_built_and_traced_once(monkeypatch) -> None:
+    """A zoo name or config fixes the module: a sweep over clusters builds and traces it once; a builder is
+    built again on every call (its code may change between two)."""
+    from meshplan import api
+
+    traced = []
+    real = api.trace
+    monkeypatch.setattr(api, "trace", lambda *a, **k: traced.append(1) or real(*a, **k))
+    config = {**zoo.config("llama-tiny").to_dict(), "layers": 3}  # a config no other test plans: not cached yet
+    plans = [mp.autoparallelize(config, cluster, global_batch=8, seq_len=64) for cluster in ("cpu:1x2", "cpu:1x4")]
+    assert len(traced) == 1 and [p.world_size for p in plans] == [2, 4] and plans[0].model == plans[1].model
+    assert api.model_and_source(config)[0] is api.model_and_source(dict(config))[0]
+    builder = "user_models:mlp_stack"
+    assert api.model_and_source(builder, {})[0] is not api.model_and_source(builder, {})[0]
