@@ -246,6 +246,8 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
     if structure is not None and (blockers := sp_blockers(structure)):
         runtime -= {"sp"}
         why.append(f"sequence parallelism is not offered: {'; '.join(blockers)}")
+    elif structure is not None and structure.attn_kwarg:
+        runtime -= {"sp_whole_attn"}  # its tuple output is not one PrepareModuleInputOutput cuts (solver/space.py)
     if structure is None or not structure.num_blocks:
         runtime -= {"tp", "tp_replicate", "moe_tp"}
         why.append("tensor parallelism is not offered: no repeated blocks (a ModuleList or ModuleDict of alike "

@@ -138,6 +138,12 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         if sp:
             plan.append((_norm(s, sub), SP_NORM))
         kwarg = (s.attn_kwarg or None) if sub == "attn" else None
+        if sp and kwarg and sub in replicated and linears is not None and not _cut_at_embedding(s):
+            raise InvalidPlanError(
+                f"param_layouts keep {module!r} replicated over tp under sequence parallelism, but this model's "
+                f"attention takes its input by keyword ({kwarg!r}) and returns a tuple (Hugging Face's), which "
+                "PrepareModuleInputOutput cannot cut to S(1); re-plan (the search keeps it split under sp), or "
+                "split its q/k/v/o linears (S(0), S(1)), or turn sequence parallelism off")
         if linears is None or sub in replicated:
             if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated sublayer, R -> S(1) after
                 plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",

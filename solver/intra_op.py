@@ -317,6 +317,7 @@ class _Ctx:
     dtype: str
     replicate: bool
     param_numel: dict
+    keep_split: tuple[str, ...] = ()  # module paths whose linears are never replicated (``block_problem``)
 
 
 def _allowed(rule: _Rule, role: str, node: Node, c: _Ctx) -> bool:
@@ -328,7 +329,7 @@ def _allowed(rule: _Rule, role: str, node: Node, c: _Ctx) -> bool:
     if role == "norm":
         return (out == SS) == c.sp  # the runtime puts SequenceParallel on every norm under sp
     if role == "linear":
-        return name != "replicate" or c.replicate
+        return name != "replicate" or (c.replicate and not node.module_path.startswith(c.keep_split))
     shape = node.outputs[0].shape
     return (out != SH or len(shape) >= 3) and (out != SS or any(SEQ in getattr(d, "free_symbols", ()) for d in shape))
 
@@ -364,14 +365,22 @@ def _memory_bytes(node: Node, role: str, rule: _Rule, out_bytes: float, c: _Ctx)
     return params + saved
 
 
+def _head_broadcast(meta) -> bool:
+    """An attention input of one head broadcast over all (Hugging Face's (b, 1, s, s) mask): every rank reads it
+    whole beside its own heads, so it stays ``R`` when the heads are split."""
+    return len(meta.shape) >= 4 and meta.shape[1] == 1
+
+
 def _strategies(node: Node, role: str, out_bytes: float, c: _Ctx) -> tuple[Strategy, ...]:
-    arity = sum(_batched(m.shape) for m in node.input_metas)
+    batched = [m for m in node.input_metas if _batched(m.shape)]
     out = []
     for rule in _RULES[role]:
         if not _allowed(rule, role, node, c):
             continue
         comm = sum(collective_time(kind, out_bytes, c.tp, 1, c.cluster) for kind, _ in rule[4])
-        out.append(Strategy(name=rule[0], inputs=(rule[1],) * arity, out=rule[2],
+        split_heads = role == "attention" and rule[2] == SH
+        inputs = tuple((R, R) if split_heads and _head_broadcast(m) else rule[1] for m in batched)
+        out.append(Strategy(name=rule[0], inputs=inputs, out=rule[2],
                             compute_s=_compute_s(node, role, rule, c), comm_s=comm, collectives=rule[4],
                             memory_bytes=_memory_bytes(node, role, rule, out_bytes, c)))
     return tuple(out)
@@ -385,12 +394,16 @@ def _boundary(name: str, stream: str, reads: tuple[int, ...]) -> Op:
 
 def block_problem(graph: Graph, kind: str, *, tp: int, cluster: Cluster, micro_batch: int, seq_len: int,
                   sp: bool, dtype: str = "bfloat16", memory_limit_bytes: float = float("inf"),
-                  replicate: bool = True, transitions: frozenset = RUNTIME_TRANSITIONS) -> Problem:
-    """The program for the first block of ``kind``; ``replicate`` offers replicated linears."""
+                  replicate: bool = True, transitions: frozenset = RUNTIME_TRANSITIONS,
+                  split_under_sp: tuple[str, ...] = ()) -> Problem:
+    """The program for the first block of ``kind``; ``replicate`` offers replicated linears, except, under
+    sequence parallelism, those of the block's sublayers named in ``split_under_sp`` (e.g. ``"self_attn"``)."""
     blocks = [b for b in graph.blocks if b.kind == kind]
     block = blocks[0]
-    c = _Ctx(cluster=cluster, tp=tp, sp=sp and tp > 1, batch=micro_batch, seq=seq_len, dtype=dtype,
-             replicate=replicate, param_numel={p.name: p.numel for p in graph.params})
+    sp = sp and tp > 1
+    keep_split = tuple(f"{block.name}.{sub}." for sub in split_under_sp) if sp else ()
+    c = _Ctx(cluster=cluster, tp=tp, sp=sp, batch=micro_batch, seq=seq_len, dtype=dtype,
+             replicate=replicate, param_numel={p.name: p.numel for p in graph.params}, keep_split=keep_split)
     stream = SS if c.sp else R
     nodes = [n for n in graph.nodes_of(block) if n.outputs and _batched(n.outputs[0].shape)]
     inside = {n.name for n in nodes}
@@ -477,14 +490,16 @@ _CACHE: dict[tuple, tuple[Graph, GraphSolution]] = {}
 
 
 def solve_graph(graph: Graph, *, tp: int, cluster: Cluster, micro_batch: int, seq_len: int, sp: bool,
-                dtype: str = "bfloat16", replicate: bool = False) -> GraphSolution:
+                dtype: str = "bfloat16", replicate: bool = False,
+                split_under_sp: tuple[str, ...] = ()) -> GraphSolution:
     """Each block kind solved once; cached per (graph, tp, sp, cluster, micro-batch, sequence, dtype)."""
-    key = (id(graph), tp, sp, cluster, micro_batch, seq_len, dtype, replicate)
+    key = (id(graph), tp, sp, cluster, micro_batch, seq_len, dtype, replicate, split_under_sp)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     sols = tuple(solve(block_problem(graph, kind, tp=tp, cluster=cluster, micro_batch=micro_batch,
-                                     seq_len=seq_len, sp=sp, dtype=dtype, replicate=replicate))
+                                     seq_len=seq_len, sp=sp, dtype=dtype, replicate=replicate,
+                                     split_under_sp=split_under_sp))
                  for kind in graph.block_kinds)
     result = GraphSolution(tp=tp, sp=sp, solutions=sols)
     if len(_CACHE) >= 64:

@@ -66,15 +66,19 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, of
 
 
 TP_REPLICATE = "tp_replicate"  # a replicated sublayer inside a tp block (codegen/tp_plans runs it plain)
+SP_WHOLE_ATTN = "sp_whole_attn"  # ... the attention too, under sequence parallelism (space.py)
 
 
 def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:
     """The intra-op program's answer for the candidate's tp degree (cached), None without tp."""
     if cand.tp == 1 or not req.graph.blocks:
         return None
+    structure = req.graph.structure
+    split = ((structure.attn,) if SP_WHOLE_ATTN not in req.runtime and structure is not None and structure.attn
+             else ())
     return intra_op.solve_graph(req.graph, tp=cand.tp, cluster=req.cluster, micro_batch=cand.micro_batch,
                                 seq_len=req.seq_len // cand.cp, sp=cand.sp, dtype=req.dtype,
-                                replicate=TP_REPLICATE in req.runtime)
+                                replicate=TP_REPLICATE in req.runtime, split_under_sp=split)
 
 
 def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:

@@ -30,7 +30,10 @@ Rules, so that every candidate is one the runtime can execute and the topology r
 
 ``RUNTIME`` names what the runtime executes today; the search offers nothing else. ``tp_replicate``:
 inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's linears replicated
-(codegen/tp_plans.py runs them as plain modules on the whole stream).
+(codegen/tp_plans.py runs them as plain modules on the whole stream). ``sp_whole_attn``: it may do so for the
+attention under sequence parallelism too, where ``PrepareModuleInputOutput`` gathers the attention's input and
+cuts its one output; not on a model whose attention takes its input by keyword and returns a tuple (Hugging
+Face's, ``api.offered``), whose attention then stays split over tp under sp.
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ from ..cost_model import TierKind
 from ..ir import InfeasibleError, Mesh, ModelDims, PlanError, Schedule, limits
 
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
-                     "tp_replicate", "gpipe", "zero_bubble", "offload", "offload_pp", "offload_rc"})  # grows with it
+                     "tp_replicate", "sp_whole_attn", "gpipe", "zero_bubble", "offload", "offload_pp",
+                     "offload_rc"})  # grows with it
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism

@@ -141,3 +141,22 @@ def test_a_zoo_model_planned_again_is_built_and_traced_once(monkeypatch) -> None
     assert api.model_and_source(config)[0] is api.model_and_source(dict(config))[0]
     builder = "user_models:mlp_stack"
     assert api.model_and_source(builder, {})[0] is not api.model_and_source(builder, {})[0]
+
+
+def test_hugging_face_attention_is_not_replicated_under_sp_and_a_plan_that_does_is_refused() -> None:
+    """HF's attention takes ``hidden_states=`` and returns a tuple: the search offers no replicated attention under
+    sequence parallelism for it (``sp_whole_attn`` off), and a plan file that keeps it replicated under sp is refused
+    with the reason where the program is built, not by torch's "module outputs and output_layouts" in the workers."""
+    from meshplan import api
+    from meshplan.codegen import tp_plans
+
+    with torch.device("meta"):
+        module = sources.build({"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config()})
+    graph = api._traced(module, api.source_of(module), seq_len=32, example_inputs=None)
+    runtime, _ = api.offered(graph.structure, zoo_modules=False, cp_why=())
+    assert "sp" in runtime and "tp_replicate" in runtime and "sp_whole_attn" not in runtime
+    zoo_runtime, _ = api.offered(graph.structure, zoo_modules=True)
+    assert "sp_whole_attn" in zoo_runtime
+    assert tp_plans.block_plan(graph.structure, sp=False, replicated=frozenset({"attn"}))  # plain module: runs
+    with pytest.raises(ir.InvalidPlanError, match="takes its input by keyword .'hidden_states'. and returns a tuple"):
+        tp_plans.block_plan(graph.structure, sp=True, replicated=frozenset({"attn"}))

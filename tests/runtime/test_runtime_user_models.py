@@ -65,6 +65,10 @@ def plans() -> dict[str, mp.Plan]:
         # (passed by keyword, hidden_states=) gathered, every sublayer split
         "hf llama dp2 x tp2 sp": dataclasses.replace(
             _plan(HF_LLAMA, dp=2, tp=2, zero=3, sp=True, micro_batch=4, num_microbatches=1), param_layouts={}),
+        # ... with the layouts the search picks under sp: HF's attention split (its tuple output rules out the
+        # replicated attention PrepareModuleInputOutput would have to cut), its mask read whole beside the heads
+        "hf llama dp2 x tp2 sp (solver's layouts)": _plan(HF_LLAMA, dp=2, tp=2, zero=0, sp=True, micro_batch=2,
+                                                          num_microbatches=2),
         "hf llama zero3 dp4 full recompute": _plan(HF_LLAMA, dp=4, tp=1, zero=3, micro_batch=2,
                                                    num_microbatches=1, recompute="full"),
         # pipeline stages cut from HF's own modules: rotary tables and mask rebuilt on each stage
@@ -105,6 +109,14 @@ def ranks(plans, tmp_path_factory) -> list[dict]:
                   {"cases": cases, "mismatch": mismatch, "cp_eager": cp_eager})
 
 
+def test_the_search_splits_hugging_face_attention_under_sp(plans) -> None:
+    """Under sequence parallelism the search keeps HF's attention split over tp (its q/k/v column-, o row-parallel):
+    replicated, PrepareModuleInputOutput would have to cut its (attn_output, attn_weights) tuple, which it cannot."""
+    layouts = plans["hf llama dp2 x tp2 sp (solver's layouts)"].param_layouts
+    tp = {name.split(".")[-2]: lay[3] for name, lay in layouts.items() if ".layers.0.self_attn." in name}
+    assert tp == {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)"}, tp
+
+
 def test_sources_are_recorded(plans) -> None:
     assert plans["hf llama dp2 x tp2 (solver's layouts)"].source["kind"] == "hf"
     assert plans["nanogpt dp2 x tp2"].source == {"kind": "builder", "target": "user_models:nanogpt", "kwargs": NANOGPT}
@@ -114,7 +126,8 @@ def test_sources_are_recorded(plans) -> None:
 
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
                                   "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
-                                  "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2",
+                                  "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp",
+                                  "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
                                   "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:

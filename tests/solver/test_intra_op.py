@@ -191,3 +191,28 @@ def test_planner_replicates_attention_on_slow_tp_links_and_lowering_runs_it_plai
     # on the cluster as it is, splitting both sublayers still wins (Megatron)
     fast = mp.autoparallelize("gpt-tiny", "cpu:1x4", global_batch=8, seq_len=16, fixed={"tp": 2, "dp": 2})
     assert "0 replicate" in fast.solver.intra_op
+
+
+def test_hugging_face_attention_splits_its_heads_and_reads_the_mask_whole() -> None:
+    """HF's SDPA takes a (b, 1, s, s) causal mask from outside the block: broadcast over the heads, every rank reads
+    it whole beside its own heads, so the heads split the Megatron way (the program found no split before, and kept
+    HF attention replicated at any size). Under sequence parallelism the attention of a model that takes its input
+    by keyword is kept split (``split_under_sp``): replicated, its tuple output could not be cut to S(1)."""
+    transformers = pytest.importorskip("transformers")
+    import user_models
+
+    cfg = transformers.LlamaConfig(**user_models.hf_llama_config(hidden_size=1024, intermediate_size=4096,
+                                                                 num_attention_heads=16, num_key_value_heads=4))
+    with torch.device("meta"):
+        graph = trace(transformers.LlamaForCausalLM(cfg), batch=1, seq_len=64)
+    mask = [m for n in graph.nodes_of(graph.blocks[0]) if n.op == ir.OpKind.ATTENTION for m in n.input_metas[3:]]
+    assert mask and mask[0].shape[1] == 1
+    for sp, split in ((False, ()), (True, ("self_attn",))):
+        sol = _solve(graph, tp=4, sp=sp, replicate=False, split_under_sp=split)
+        assert sol.status == "OPTIMAL" and dict(sol.linears) == {
+            "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+            "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+            "mlp.down_proj": "rowwise"}, sol.linears
+    kept = _solve(graph, tp=4, sp=True, split_under_sp=("self_attn",), cluster=parse_cluster("cpu:1x4"),
+                  seq_len=64)
+    assert all(style != "replicate" for name, style in kept.linears if name.startswith("self_attn."))
