@@ -127,7 +127,8 @@ def test_sources_are_recorded(plans) -> None:
 @pytest.mark.parametrize("name", ["hf llama dp2 x tp2 (solver's layouts)", "hf llama dp2 x tp2 megatron split",
                                   "hf llama zero3 dp4 full recompute", "hf gpt2 dp2 x tp2",
                                   "hf mixtral ep2 x dp4 zero3", "hf llama dp2 x tp2 sp",
-                                  "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp", "nanogpt dp2 x tp2",
+                                  "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp",
+                                  "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
                                   "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
