@@ -34,6 +34,25 @@ def tp_placement(name: str) -> str:
     return next(p for pattern, p in TP_RULES if fnmatch.fnmatchcase(name, pattern))
 
 
+def structure_split(graph) -> dict[str, str]:
+    """Megatron's split written on a model's own module paths (``graph.structure``): each block's q, k, v and MLP
+    input linears ``S(0)`` (their biases too), its output linears ``S(1)``, what the runtime runs on a plan without
+    layouts. For a block the intra-op program finds no split for (its attention's matmuls and softmax kept whole, as
+    Gemma 2's eager attention is traced), where ``TP_RULES``, written for the zoo's names, would keep a Hugging Face
+    model's every linear ``R``."""
+    s = graph.structure
+    if s is None or s.linear_kind != "linear":
+        return {}
+    pairs = ([((s.q, s.k, s.v), s.o)] if s.attn_split else []) + ([(tuple(s.mlp_in), s.mlp_out)] if s.mlp_split else [])
+    out = {}
+    for block in graph.blocks:
+        for cols, row in pairs:
+            for col in cols:
+                out[f"{block.name}.{col}.weight"] = out[f"{block.name}.{col}.bias"] = "S(0)"
+            out[f"{block.name}.{row}.weight"] = "S(1)"
+    return out
+
+
 def param_layouts(param_names: tuple[str, ...], *, tp: int, zero: int, dp: int,
                   tp_layouts: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
     """Placements per axis of ``AXES`` for every parameter; ``tp_layouts`` (the intra-op answer for

@@ -23,7 +23,7 @@ from ..cost_model.summary import summary_of
 from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
-from .layouts import param_layouts
+from .layouts import param_layouts, structure_split
 from .pins import check_pins_fit
 from .space import (OFFLOAD, OFFLOAD_WITH_PP, OFFLOAD_WITH_RECOMPUTE, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates,
                     check_fixed, explain_empty, scale_up_gpus)
@@ -82,8 +82,11 @@ def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:
 
 
 def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
+    """The intra-op program's tp placements, or, where it finds none, Megatron's split on the model's own paths."""
     sol = intra_op_of(req, cand)
-    return sol.tp_placements(req.graph) if sol is not None and sol.ok else None
+    if sol is None:
+        return None
+    return sol.tp_placements(req.graph) if sol.ok else (structure_split(req.graph) or None)
 
 
 def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,

@@ -160,3 +160,20 @@ def test_hugging_face_attention_is_not_replicated_under_sp_and_a_plan_that_does_
     assert tp_plans.block_plan(graph.structure, sp=False, replicated=frozenset({"attn"}))  # plain module: runs
     with pytest.raises(ir.InvalidPlanError, match="takes its input by keyword .'hidden_states'. and returns a tuple"):
         tp_plans.block_plan(graph.structure, sp=True, replicated=frozenset({"attn"}))
+
+
+def test_a_block_the_intra_op_program_cannot_split_gets_megatron_s_split_on_its_own_paths() -> None:
+    """Gemma 2's eager attention (softcapped scores: matmuls and softmax the intra-op program keeps whole) has no
+    head split there; the plan then writes Megatron's split on the model's own module paths (what the runtime runs
+    on a plan without layouts), not ``TP_RULES``' zoo names, which kept every Hugging Face linear replicated."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=256,
+                                       max_position_embeddings=128, sliding_window=128, query_pre_attn_scalar=16)
+    with torch.device("meta"):
+        model = transformers.Gemma2ForCausalLM(config)
+    plan = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2})
+    tp = {name.split(".")[-2]: lay[3] for name, lay in plan.param_layouts.items()
+          if ".layers.0." in name and name.endswith("proj.weight")}
+    assert tp == {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)", "gate_proj": "S(0)",
+                  "up_proj": "S(0)", "down_proj": "S(1)"}, tp
