@@ -232,7 +232,7 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
     """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
     why the rest is not offered, in words for the report. ``cp_why``: ``cp_blockers``' reasons."""
     from .codegen.pipeline_lower import pipeline_blockers
-    from .codegen.tp_plans import sp_blockers
+    from .codegen.tp_plans import attention_returns_tuple, sp_blockers
 
     runtime, why = set(solver.RUNTIME), []
     if zoo_modules:
@@ -246,8 +246,8 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
     if structure is not None and (blockers := sp_blockers(structure)):
         runtime -= {"sp"}
         why.append(f"sequence parallelism is not offered: {'; '.join(blockers)}")
-    elif structure is not None and structure.attn_kwarg:
-        runtime -= {"sp_whole_attn"}  # its tuple output is not one PrepareModuleInputOutput cuts (solver/space.py)
+    elif structure is not None and attention_returns_tuple(structure):
+        runtime -= {"sp_whole_attn"}  # kept whole under sp, its tuple output could not be cut (solver/space.py)
     if structure is None or not structure.num_blocks:
         runtime -= {"tp", "tp_replicate", "moe_tp"}
         why.append("tensor parallelism is not offered: no repeated blocks (a ModuleList or ModuleDict of alike "

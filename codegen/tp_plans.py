@@ -138,7 +138,7 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         if sp:
             plan.append((_norm(s, sub), SP_NORM))
         kwarg = (s.attn_kwarg or None) if sub == "attn" else None
-        if sp and kwarg and sub in replicated and linears is not None and not _cut_at_embedding(s):
+        if sp and sub == "attn" and sub in replicated and linears is not None and attention_returns_tuple(s):
             raise InvalidPlanError(
                 f"param_layouts keep {module!r} replicated over tp under sequence parallelism, but this model's "
                 f"attention takes its input by keyword ({kwarg!r}) and returns a tuple (Hugging Face's), which "
@@ -157,6 +157,13 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
     return tuple(plan)
 
 
+def attention_returns_tuple(s: ModelStructure) -> bool:
+    """Whether the attention, kept whole under sequence parallelism, would hand ``PrepareModuleInputOutput`` a tuple
+    it cannot cut to S(1): a model's own attention (not the zoo's) that takes the stream by keyword, as Hugging
+    Face's does, returning ``(attn_output, attn_weights)``."""
+    return bool(s.attn_kwarg) and not _cut_at_embedding(s)
+
+
 def sp_blockers(s: ModelStructure) -> list[str]:
     """Why sequence parallelism cannot run on this model's modules (empty: it can)."""
     why = [f"no {what} norm was found in the blocks" for what, path in (("attention", s.attn_norm),
@@ -169,7 +176,7 @@ def sp_blockers(s: ModelStructure) -> list[str]:
             why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
         if s.pos_embed and not embedding_sum(s):
             why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
-    elif s.attn_kwarg and sublayer_linears(s)["attn"] is None:
+    elif attention_returns_tuple(s) and sublayer_linears(s)["attn"] is None:
         why.append(f"attention ({s.attn!r}) is kept whole and takes its input by keyword ({s.attn_kwarg!r}): its "
                    "output's layout (a tuple, in Hugging Face's modules) is not one PrepareModuleOutput is told")
     return why
