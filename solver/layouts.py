@@ -40,11 +40,10 @@ def structure_split(graph) -> dict[str, str]:
     layouts. For a block the intra-op program finds no split for (its attention's matmuls and softmax kept whole, as
     Gemma 2's eager attention is traced), where ``TP_RULES``, written for the zoo's names, would keep a Hugging Face
     model's every linear ``R``."""
-    from ..codegen.tp_plans import sublayer_linears  # the sublayers the runtime splits, and their linears
-
-    if graph.structure is None:
+    s = graph.structure
+    if s is None or s.linear_kind != "linear":
         return {}
-    pairs = [linears for linears in sublayer_linears(graph.structure).values() if linears]
+    pairs = ([((s.q, s.k, s.v), s.o)] if s.attn_split else []) + ([(tuple(s.mlp_in), s.mlp_out)] if s.mlp_split else [])
     out = {}
     for block in graph.blocks:
         for cols, row in pairs:
