@@ -17,21 +17,27 @@ order) but never holds more than one module's full parameters at a time. The rep
 
 1. construction: each module's ``reset_parameters`` (PyTorch's own layers), in registration order;
 2. the model's init pass: ``meshplan.zoo``'s ``init_weights`` (one parameter at a time, in
-   ``named_parameters`` order), or Hugging Face's ``_init_weights`` per module (children first, as
+   ``named_parameters`` order). A Hugging Face model's build is recorded instead (``_BuildRecorder``): each
+   random fill its constructors make and each ``post_init``, in the order they ran; the replay draws the
+   same fills and applies ``_init_weights`` per module where each ``post_init`` ran (children first, as
    ``PreTrainedModel.initialize_weights`` applies it). Other models (a user's builder) get step 1
    only, which is their construction when they use PyTorch's layers' own init: ``REPLAYABLE`` lists the
    source kinds whose whole initialization is replayed; for the others callers build the model whole.
+
+Weights a model ties (a head that is the embedding's table) stay one parameter: ``to_empty`` gives each
+holder a tensor of its own, and ``materialize`` points them back at one (``tied_parameters``).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir import InvalidPlanError
 
@@ -46,6 +52,8 @@ class MetaInit:
 
     seed: int
     reference: nn.Module
+    # a Hugging Face build's random fills and init calls, in order (``_BuildRecorder``); None: not recorded
+    events: tuple[tuple, ...] | None = None
 
 
 @contextlib.contextmanager
@@ -75,15 +83,74 @@ def build_on_meta(source: dict[str, Any], seed: int) -> nn.Module:
     if kind not in REPLAYABLE:
         torch.manual_seed(seed)
         return build(source)
-    with parameters_on_meta():
+    with parameters_on_meta(), _BuildRecorder(enabled=kind == "hf") as recorder:
         model = build(source)
-    mark_meta(model, seed)
+    mark_meta(model, seed, recorder.events(model))
     return model
 
 
-def mark_meta(model: nn.Module, seed: int) -> nn.Module:
+_RANDOM_FILLS = frozenset(("normal_", "uniform_", "bernoulli_", "exponential_", "random_", "geometric_",
+                           "log_normal_", "cauchy_"))
+
+
+class _BuildRecorder(TorchDispatchMode):
+    """What a Hugging Face model's construction does to the random stream, in order: each random fill a
+    constructor makes (on meta parameters, so nothing is drawn here) and each ``post_init``'s
+    ``initialize_weights`` call (skipped here: on meta it would only fill meta tensors). ``replay`` draws
+    the same fills on scratch tensors of the same shapes and runs each init where it ran, which is what
+    one process does whatever the layers' constructors look like (GPT-2's ``Conv1D`` fills its weight in
+    ``__init__`` and has no ``reset_parameters``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        super().__init__()
+        self.enabled = enabled
+        self._events: list[tuple] = []
+        self._patched: tuple | None = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        from transformers import PreTrainedModel
+
+        original = PreTrainedModel.initialize_weights
+        self._patched = (PreTrainedModel, original)
+
+        def initialize_weights(model: nn.Module) -> None:
+            self._events.append(("init", model))
+
+        PreTrainedModel.initialize_weights = initialize_weights  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._patched is None:
+            return None
+        cls, original = self._patched
+        cls.initialize_weights = original  # type: ignore[method-assign]
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in _RANDOM_FILLS and isinstance(args[0], torch.Tensor):
+            target = args[0]
+            if not all(isinstance(a, (int, float, bool, type(None))) for a in args[1:]) or any(
+                    v is not None for k, v in (kwargs or {}).items() if k == "generator"):
+                raise InvalidPlanError(f"the model's constructor fills a weight with {func} from a tensor or its "
+                                       "own generator, which meta initialization cannot replay; build it whole "
+                                       "(meshplan.runtime.source.build) and pass the module")
+            self._events.append(("draw", func, tuple(target.shape), target.dtype, tuple(args[1:]),
+                                 {k: v for k, v in (kwargs or {}).items() if k != "generator"}))
+        return func(*args, **(kwargs or {}))
+
+    def events(self, model: nn.Module) -> tuple[tuple, ...] | None:
+        """The recorded events, each init named by its module's path in ``model`` (None when not recording)."""
+        if not self.enabled:
+            return None
+        paths = {id(m): name for name, m in model.named_modules()}
+        return tuple(("init", paths[id(e[1])]) if e[0] == "init" else e for e in self._events)
+
+
+def mark_meta(model: nn.Module, seed: int, events: tuple[tuple, ...] | None = None) -> nn.Module:
     """Record on a meta-built ``model`` the seed and a meta copy to replay its init on (before any step)."""
-    setattr(model, INIT_ATTR, MetaInit(seed=seed, reference=copy.deepcopy(model)))
+    setattr(model, INIT_ATTR, MetaInit(seed=seed, reference=copy.deepcopy(model), events=events))
     return model
 
 
@@ -122,7 +189,10 @@ def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
     values of the one-process model; buffers are copied from the model as built."""
     from .expert import expert_shard_groups
 
+    ties = tied_parameters(model)
     model.to_empty(device=device)  # FSDP2 re-points its sharded parameters here (FSDPModule._apply)
+    for module, attr, owner, owner_attr in ties:  # to_empty gave each holder of a tied weight its own tensor
+        setattr(module, attr, getattr(owner, owner_attr))
     groups = expert_shard_groups(model)  # parameters expert parallelism cut to this ep rank's experts
     live = {clean_name(n): p for n, p in model.named_parameters()}
     ep = {name: groups[id(p)] for name, p in live.items() if id(p) in groups}
@@ -136,6 +206,24 @@ def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
             src = ref_buffers.get(clean_name(name))
             if src is not None:
                 buf.copy_(src)
+
+
+def tied_parameters(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """(module, name, owner, owner's name) for each parameter a module holds that an earlier module (in
+    ``named_parameters`` order) holds too: a head tied to the embedding. ``to_empty``, moving a meta model to
+    a device, gives every holder a tensor of its own, so the model would train two weights where the one
+    process trains one; ``materialize`` points them back at the owner's."""
+    owners: dict[int, tuple[nn.Module, str]] = {}
+    ties = []
+    for module in model.modules():
+        for attr, p in module._parameters.items():
+            if p is None:
+                continue
+            if id(p) in owners:
+                ties.append((module, attr, *owners[id(p)]))
+            else:
+                owners[id(p)] = (module, attr)
+    return ties
 
 
 def _copy_local(full: torch.Tensor, target: torch.Tensor, ep_group: Any) -> None:
@@ -170,7 +258,7 @@ def replay(init: MetaInit) -> Iterator[tuple[str, torch.Tensor]]:
     torch.manual_seed(init.seed)
     with torch.no_grad():
         if _is_hf(ref):
-            yield from _hf_build("", ref)
+            yield from _hf_build(ref, init.events or ())
             return
         zoo = type(ref).__module__.startswith("meshplan.zoo") and callable(getattr(ref, "init_weights", None))
         for prefix, module in ref.named_modules():  # 1. construction: PyTorch layers' own reset_parameters
@@ -221,33 +309,47 @@ def _zoo_init(ref: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, full.detach()
 
 
-def _hf_build(prefix: str, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """A Hugging Face ``PreTrainedModel`` as built: its constructor runs each layer's ``reset_parameters``
-    (a sub-model, such as ``LlamaModel`` inside ``LlamaForCausalLM``, is built and initialized whole at
-    its place), then ``post_init`` applies ``_initialize_weights`` to the modules not initialized yet,
-    children before their parent (``PreTrainedModel.initialize_weights``)."""
+def _initialize(root: nn.Module, path: str, module: nn.Module, init: nn.Module, done: set[str]
+                ) -> Generator[tuple[str, torch.Tensor], None, nn.Module | None]:
+    """``init._initialize_weights`` applied to ``module`` (at ``path`` in ``root``) and its children, children
+    first, skipping the sub-models in ``done`` (``PreTrainedModel.initialize_weights``). Yields each parameter
+    as the init leaves it, and a child's again where its parent's init rewrote it (GPT-2's scales its blocks'
+    ``c_proj``); returns the module's twin, without children, for its parent's init, so at most one module
+    and its children's own parameters are held at a time."""
+    if path in done:
+        return None
+    children = {}
+    for name, child in module.named_children():
+        children[name] = yield from _initialize(root, f"{path}.{name}" if path else name, child, init, done)
+    twin = _twin(module)
+    twin._modules = {name: c for name, c in children.items() if c is not None}
+    before = {(name, p_name): p._version for name, c in twin._modules.items()
+              for p_name, p in c._parameters.items() if p is not None}
+    init._initialize_weights(twin, init.is_custom_code())
+    yield from _named(path, twin)
+    for (name, p_name), version in before.items():
+        p = twin._modules[name]._parameters[p_name]
+        if p._version != version:
+            yield (f"{path}.{name}" if path else name) + f".{p_name}", p.detach()
+    twin._modules = {}
+    return twin
+
+
+def _hf_build(model: nn.Module, events: tuple[tuple, ...]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Hugging Face ``PreTrainedModel`` as its recorded build ran: each constructor's random fill drawn
+    again on a scratch tensor (``post_init`` overwrites the values; the draws move the stream), and each
+    ``post_init``'s ``initialize_weights`` applied where it ran (a sub-model's, such as ``LlamaModel``
+    inside ``LlamaForCausalLM``, before the rest of the outer model is constructed)."""
     from transformers import initialization
 
-    done: set[str] = set()  # sub-models, initialized by their own post_init
-
-    def construct(path: str, module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        if module is not model and _is_hf(module):
-            yield from _hf_build(path, module)
-            done.add(path)
-            return
-        _constructed(module)  # draws what the constructor draws; post_init overwrites the values
-        for name, child in module.named_children():
-            yield from construct(f"{path}.{name}" if path else name, child)
-
-    def initialize(path: str, module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        if path in done:
-            return
-        for name, child in module.named_children():
-            yield from initialize(f"{path}.{name}" if path else name, child)
-        twin = _twin(module)
-        model._initialize_weights(twin, model.is_custom_code())
-        yield from _named(path, twin)
-
-    yield from construct(prefix, model)
-    with initialization.guard_torch_init_functions():
-        yield from initialize(prefix, model)
+    done: set[str] = set()
+    for event in events:
+        if event[0] == "draw":
+            _, func, shape, dtype, args, kwargs = event
+            func(torch.empty(shape, dtype=dtype), *args, **kwargs)
+            continue
+        path = event[1]
+        module = model.get_submodule(path)
+        with initialization.guard_torch_init_functions():
+            yield from _initialize(model, path, module, module, done)
+        done.add(path)

@@ -54,21 +54,31 @@ def test_meta_built_model_matches_one_process(ranks4, case) -> None:
 
 def test_replay_gives_the_seeded_whole_build() -> None:
     """One process, no plan: materializing a meta-built zoo or Hugging Face model gives exactly the
-    weights and buffers of ``torch.manual_seed(seed); build(source)``, and another seed gives others."""
+    weights and buffers of ``torch.manual_seed(seed); build(source)`` (a tied head still one parameter), and
+    another seed gives others."""
     transformers = pytest.importorskip("transformers")
     from meshplan.runtime.materialize import build_on_meta, materialize, meta_init_of
     from meshplan.runtime.source import build, hf_config_dict
 
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2)
+    tied = transformers.LlamaConfig(**{**cfg.to_dict(), "tie_word_embeddings": True})
     for source in ({"kind": "zoo", "name": "moe-tiny"}, {"kind": "zoo", "name": "gpt-tiny"},
-                   {"kind": "hf", "class": "LlamaForCausalLM", "config": hf_config_dict(cfg)}):
+                   {"kind": "hf", "class": "LlamaForCausalLM", "config": hf_config_dict(cfg)},
+                   {"kind": "hf", "class": "LlamaForCausalLM", "config": hf_config_dict(tied)},
+                   # GPT-2: Conv1D fills its weight in __init__ (no reset_parameters), the blocks' init rescales
+                   # their children's c_proj, and the head is tied
+                   {"kind": "hf", "class": "GPT2LMHeadModel", "config": hf_config_dict(transformers.GPT2Config(
+                       vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=32))}):
         torch.manual_seed(7)
         whole = build(source)
         model = build_on_meta(source, 7)
         assert all(p.is_meta for p in model.parameters())
         materialize(model, torch.device("cpu"), meta_init_of(model))
         got = dict(model.named_parameters())
+        assert sorted(got) == sorted(n for n, _ in whole.named_parameters())  # a tied head stays one weight
+        if whole.config.to_dict().get("tie_word_embeddings"):
+            assert model.lm_head.weight is model.get_input_embeddings().weight
         for name, param in whole.named_parameters():
             assert torch.equal(got[name], param), f"{source['kind']}: {name}"
         for name, buf in whole.named_buffers():

@@ -31,6 +31,9 @@ HF_LLAMA = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_
 HF_LLAMA_4 = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(num_hidden_layers=4)}
 HF_MIXTRAL = {"kind": "hf", "class": "MixtralForCausalLM", "config": user_models.hf_mixtral_config()}
 HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
+# GPT-2 ties its head to the token embedding; built on meta and materialized, under DDP (no FSDP unit re-points
+# the head at the embedding's parameter): the one process's model, one weight, not two
+META_TIED = "hf gpt2 dp2 x tp2 zero0, built on meta (tied head)"
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
@@ -88,6 +91,7 @@ def plans() -> dict[str, mp.Plan]:
             param_layouts={}),
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
+        META_TIED: _plan(HF_GPT2, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
                                                    fixed={**PINS, "dp": 2, "tp": 2, "zero": 2, "sp": True,
@@ -101,7 +105,8 @@ def plans() -> dict[str, mp.Plan]:
 
 @pytest.fixture(scope="module")
 def ranks(plans, tmp_path_factory) -> list[dict]:
-    cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"]} for name, plan in plans.items()]
+    cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"], "meta": name == META_TIED}
+             for name, plan in plans.items()]
     mismatch = {"plan": plans["hf llama dp2 x tp2 (solver's layouts)"].to_json(), "source": HF_GPT2}
     eager = {**HF_LLAMA, "config": {**HF_LLAMA["config"], "attn_implementation": "eager"}}
     cp_eager = {"plan": plans["hf llama dp2 x cp2"].to_json(), "source": eager}
@@ -130,7 +135,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp",
                                   "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
-                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp"])
+                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])

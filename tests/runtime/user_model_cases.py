@@ -11,6 +11,7 @@ import torch
 
 from meshplan import ir
 from meshplan.runtime import apply
+from meshplan.runtime.materialize import build_on_meta
 from meshplan.runtime.planned import logits_of, token_cross_entropy
 from meshplan.runtime.source import build
 from meshplan.runtime.train import synthetic_batch
@@ -45,7 +46,8 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
     results = {}
     for case in payload["cases"]:
         plan = ir.Plan.from_json(case["plan"])
-        model = build_seeded(plan.source)
+        # built on meta as `meshplan run` builds it (materialize fills each rank's shards), or whole
+        model = build_on_meta(plan.source, SEED) if case.get("meta") else build_seeded(plan.source)
         pm = apply(plan, model, optimizer=optimizer)
         # apply shards the given module object, not a rebuilt one (a pipeline stage holds the model's own
         # blocks in a copy of its root)
