@@ -141,7 +141,7 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         if sp and sub == "attn" and sub in replicated and linears is not None and attention_returns_tuple(s):
             raise InvalidPlanError(
                 f"param_layouts keep {module!r} replicated over tp under sequence parallelism, but this model's "
-                f"attention takes its input by keyword ({kwarg!r}) and returns a tuple (Hugging Face's), which "
+                "attention returns a tuple (Hugging Face's (attn_output, attn_weights)), which "
                 "PrepareModuleInputOutput cannot cut to S(1); re-plan (the search keeps it split under sp), or "
                 "split its q/k/v/o linears (S(0), S(1)), or turn sequence parallelism off")
         if linears is None or sub in replicated:
@@ -159,9 +159,10 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
 
 def attention_returns_tuple(s: ModelStructure) -> bool:
     """Whether the attention, kept whole under sequence parallelism, would hand ``PrepareModuleInputOutput`` a tuple
-    it cannot cut to S(1): a model's own attention (not the zoo's) that takes the stream by keyword, as Hugging
-    Face's does, returning ``(attn_output, attn_weights)``."""
-    return bool(s.attn_kwarg) and not _cut_at_embedding(s)
+    it cannot cut to S(1): one the trace saw return a tuple (``attn_tuple``: Hugging Face's ``(attn_output,
+    attn_weights)``, GPT-2's taken positionally too), or, in a structure saved before that was recorded, a model's
+    own attention (not the zoo's) that takes the stream by keyword, as Hugging Face's does."""
+    return s.attn_tuple or (bool(s.attn_kwarg) and not _cut_at_embedding(s))
 
 
 def sp_blockers(s: ModelStructure) -> list[str]:
@@ -177,8 +178,8 @@ def sp_blockers(s: ModelStructure) -> list[str]:
         if s.pos_embed and not embedding_sum(s):
             why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
     elif attention_returns_tuple(s) and sublayer_linears(s)["attn"] is None:
-        why.append(f"attention ({s.attn!r}) is kept whole and takes its input by keyword ({s.attn_kwarg!r}): its "
-                   "output's layout (a tuple, in Hugging Face's modules) is not one PrepareModuleOutput is told")
+        why.append(f"attention ({s.attn!r}) is kept whole over tp and returns a tuple (Hugging Face's (attn_output, "
+                   "attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
     return why
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..ir import Graph, ModelDims, ModelStructure, Node, Param, UnsupportedModelError
 from .blocks import Container, build_blocks, layer_paths, layers_of, repeated_lists
+from .calls import returns_tuple
 from .dims import dims_from_config, has_config_dims, infer_dims, normalized_family
 from .export import export_meta
 from .fastpath import fast_path_list, replicate, truncated
@@ -109,7 +110,9 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_input
     blocks = build_blocks(nodes, params, layer_paths(lists), _layer_classes(lists))
     graph = Graph(nodes=nodes, params=params, blocks=blocks, dims=_placeholder_dims(), dtype=_graph_dtype(params))
     structure = find_structure(model, graph)
-    structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, "") if structure.attn else "")
+    if structure.attn:
+        structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, ""),
+                                        attn_tuple=returns_tuple(calls, structure.attn))
     dims = _dims(model, nodes, params, blocks, leaf_costs, structure)
     return dataclasses.replace(graph, dims=dims, structure=structure)
 

@@ -20,7 +20,8 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
     dense_blocks  indices of the blocks with a plain MLP where the others have ``experts`` (DeepSeek-V3's
                   ``first_k_dense_replace`` leading dense layers); expert parallelism skips them
     attn_kwarg    the keyword a block passes attention its input by ("" positional; Hugging Face:
-                  "hidden_states"), which sequence parallelism gathers
+                  "hidden_states"), which sequence parallelism gathers; ``attn_tuple`` when it returns a tuple
+                  (Hugging Face's, GPT-2's too), which sequence parallelism cannot cut if attention is kept whole
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
     head_dim      the attention head width (not always hidden / heads)
     notes         what the frontend could not use, and why (the report shows them)
@@ -63,6 +64,7 @@ class ModelStructure:
     dense_blocks: tuple[int, ...] = ()
     linear_kind: str = "linear"
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
+    attn_tuple: bool = False  # the attention returns a tuple (Hugging Face's (attn_output, attn_weights))
     head_dim: int = 0
     notes: tuple[str, ...] = ()
 

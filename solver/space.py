@@ -32,8 +32,8 @@ Rules, so that every candidate is one the runtime can execute and the topology r
 inside a tp block the intra-op program (``intra_op.py``) may keep a sublayer's linears replicated
 (codegen/tp_plans.py runs them as plain modules on the whole stream). ``sp_whole_attn``: it may do so for the
 attention under sequence parallelism too, where ``PrepareModuleInputOutput`` gathers the attention's input and
-cuts its one output; not on a model whose attention takes its input by keyword and returns a tuple (Hugging
-Face's, ``api.offered``), whose attention then stays split over tp under sp.
+cuts its one output; not on a model whose attention returns a tuple (Hugging Face's, ``api.offered``), whose
+attention then stays split over tp under sp.
 """
 from __future__ import annotations
 

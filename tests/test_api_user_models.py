@@ -158,8 +158,24 @@ def test_hugging_face_attention_is_not_replicated_under_sp_and_a_plan_that_does_
     zoo_runtime, _ = api.offered(graph.structure, zoo_modules=True)
     assert "sp_whole_attn" in zoo_runtime
     assert tp_plans.block_plan(graph.structure, sp=False, replicated=frozenset({"attn"}))  # plain module: runs
-    with pytest.raises(ir.InvalidPlanError, match="takes its input by keyword .'hidden_states'. and returns a tuple"):
+    assert graph.structure.attn_tuple and graph.structure.attn_kwarg == "hidden_states"
+    with pytest.raises(ir.InvalidPlanError, match="attention returns a tuple"):
         tp_plans.block_plan(graph.structure, sp=True, replicated=frozenset({"attn"}))
+
+
+def test_gpt2_attention_returns_a_tuple_so_sequence_parallelism_is_not_offered() -> None:
+    """GPT-2's blocks hand attention the stream positionally, and it returns ``(attn_output, attn_weights)``: the
+    trace records the tuple (``attn_tuple``), and with its Conv1D projections kept whole over tp, sequence
+    parallelism is not offered (it would have to cut that tuple; the workers died in torch's PrepareModuleInput)."""
+    from meshplan import api
+
+    with torch.device("meta"):
+        module = sources.build({"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()})
+    graph = api._traced(module, api.source_of(module), seq_len=32, example_inputs=None)
+    assert graph.structure.attn_tuple and graph.structure.attn_kwarg == "" and graph.structure.linear_kind == "conv1d"
+    runtime, why = api.offered(graph.structure, zoo_modules=False, cp_why=())
+    assert "sp" not in runtime and "tp" in runtime
+    assert any("sequence parallelism is not offered" in w and "returns a tuple" in w for w in why), why
 
 
 def test_a_block_the_intra_op_program_cannot_split_gets_megatron_s_split_on_its_own_paths() -> None:

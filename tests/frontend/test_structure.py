@@ -37,7 +37,7 @@ HF = {
 DECODER = dict(blocks="model.layers", num_blocks=3, embed="model.embed_tokens", final_norm="model.norm", head="lm_head",
                attn="self_attn", attn_norm="input_layernorm", q="self_attn.q_proj", k="self_attn.k_proj",
                v="self_attn.v_proj", o="self_attn.o_proj", mlp="mlp", mlp_norm="post_attention_layernorm",
-               linear_kind="linear", head_dim=16, attn_kwarg="hidden_states")
+               linear_kind="linear", head_dim=16, attn_kwarg="hidden_states", attn_tuple=True)
 DENSE = dict(DECODER, mlp_in=("mlp.gate_proj", "mlp.up_proj"), mlp_out="mlp.down_proj")
 EXPECTED = {
     "llama": DENSE,
@@ -48,7 +48,7 @@ EXPECTED = {
     "gpt2": dict(blocks="transformer.h", num_blocks=3, embed="transformer.wte", pos_embed="transformer.wpe",
                  final_norm="transformer.ln_f", head="lm_head", tied_head=True, attn="attn", attn_norm="ln_1",
                  qkv="attn.c_attn", o="attn.c_proj", mlp="mlp", mlp_norm="ln_2", mlp_in=("mlp.c_fc",),
-                 mlp_out="mlp.c_proj", linear_kind="conv1d", head_dim=16,
+                 mlp_out="mlp.c_proj", linear_kind="conv1d", head_dim=16, attn_tuple=True,
                  notes=("transformer.h.*.attn.c_attn: fused q/k/v projection; tensor parallelism keeps attention "
                         "replicated",)),
 }
