@@ -111,7 +111,7 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     if m.tp > 1:
         for layer in range(cfg["layers"]):
             replicated_sublayers(plan, cfg, layer)  # raises for a layout the styles cannot execute
-        linears = tp_plans.sublayer_linears(s)
+        linears = s.tp_linears()
         split = (("heads", "kv_heads") if linears["attn"] else ()) + (("ffn_hidden",) if linears["mlp"] else ()) \
             + (("vocab",) if s.head and not s.tied_head else ())
         for name in split:
@@ -182,7 +182,7 @@ def replicated_sublayers(plan: Plan, cfg: dict[str, Any], layer: int) -> frozens
     s = cfg["structure"]
     tp_axis, prefix = AXES.index("tp"), s.block_path(layer)
     weight_tp = {name: layout[tp_axis]
-                 for linears in tp_plans.sublayer_linears(s).values() if linears
+                 for linears in s.tp_linears().values() if linears
                  for name in (*linears[0], linears[1])
                  if (layout := plan.param_layouts.get(f"{prefix}.{name}.weight")) is not None}
     return tp_plans.replicated_sublayers(s, prefix, weight_tp)

@@ -36,16 +36,6 @@ SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
 SUBLAYER_NAMES = ("attn", "mlp")
 
 
-def sublayer_linears(s: ModelStructure) -> dict[str, tuple[tuple[str, ...], str] | None]:
-    """Per sublayer of a block, its (column-parallel, row-parallel) linears, module paths relative to
-    the block; None for a sublayer tensor parallelism keeps whole: a fused q/k/v projection (heads
-    would be cut across q, k and v), GPT-2's Conv1D (the torch styles shard nn.Linear only), a MoE."""
-    if s.linear_kind != "linear":
-        return {"attn": None, "mlp": None}
-    return {"attn": ((s.q, s.k, s.v), s.o) if s.attn_split else None,
-            "mlp": (s.mlp_in, s.mlp_out) if s.mlp_split else None}
-
-
 def _norm(s: ModelStructure, sub: str) -> str:
     return s.attn_norm if sub == "attn" else s.mlp_norm
 
@@ -129,11 +119,11 @@ def _root_plan_cut_at_blocks(s: ModelStructure, sp: bool) -> tuple[tuple[str, TP
 
 def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozenset()) -> tuple[tuple[str, TPStyle], ...]:
     """One transformer block: each sublayer's heads or FFN width split over tp, except the sublayers
-    in ``replicated`` (and those ``sublayer_linears`` keeps whole), which every tp rank runs whole on
+    in ``replicated`` (and those ``ModelStructure.tp_linears`` keeps whole), which every tp rank runs whole on
     the whole sequence."""
     stream = _stream(sp)
     plan: list[tuple[str, TPStyle]] = []
-    for sub, linears in sublayer_linears(s).items():
+    for sub, linears in s.tp_linears().items():
         module = getattr(s, sub)
         if sp:
             plan.append((_norm(s, sub), SP_NORM))
@@ -177,7 +167,7 @@ def sp_blockers(s: ModelStructure) -> list[str]:
             why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
         if s.pos_embed and not embedding_sum(s):
             why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
-    elif attention_returns_tuple(s) and sublayer_linears(s)["attn"] is None:
+    elif attention_returns_tuple(s) and s.tp_linears()["attn"] is None:
         why.append(f"attention ({s.attn!r}) is kept whole over tp and returns a tuple (Hugging Face's (attn_output, "
                    "attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
     return why
@@ -188,7 +178,7 @@ def replicated_sublayers(s: ModelStructure, layer: str, weight_tp: Mapping[str, 
     -> tp placement of its weight; a linear not listed is taken as split) keeps replicated.
     Raises ``InvalidPlanError`` for a sublayer that is neither split the Megatron way nor all ``R``."""
     out = set()
-    for sub, linears in sublayer_linears(s).items():
+    for sub, linears in s.tp_linears().items():
         if linears is None:
             continue
         cols, row = linears

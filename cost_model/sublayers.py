@@ -8,21 +8,54 @@ conservative, never under).
 from __future__ import annotations
 
 from ..ir.graph import ModelDims
+from ..ir.structure import ModelStructure
 from ..ir.plan import AXES, Plan
 from .flops import attention_core_flops, attention_params, dense_mlp_params, kv_width, layer_matmul_params
 
-SUBLAYER_FIRST_LINEARS = {"attn": ("attn.wq",), "mlp": ("mlp.fc1", "mlp.w1")}
+SUBLAYER_FIRST_LINEARS = {"attn": ("attn.wq",), "mlp": ("mlp.fc1", "mlp.w1")}  # the zoo's modules
 
 
 def replicated_sublayers(plan: Plan) -> frozenset[str]:
-    """The block sublayers (``attn``, dense ``mlp``) whose linears the plan keeps whole over tp
-    (``param_layouts`` from the solver's intra-op program; codegen runs them as plain modules).
-    Every block of a kind is decided once, so the first layer's placements stand for all."""
-    if plan.mesh.tp <= 1 or not plan.param_layouts:
+    """The block sublayers (``attn``, dense ``mlp``) the plan keeps whole over tp: those whose first linear
+    ``param_layouts`` (the solver's intra-op program) places ``R``, and, on a model run on its own modules
+    (``plan.structure``), those tensor parallelism cannot split at all (``ModelStructure.tp_linears``: GPT-2's
+    Conv1D, a fused q/k/v projection), whatever the layouts say; the first linears are read at the model's own
+    paths (the zoo's ``SUBLAYER_FIRST_LINEARS`` for a plan without a structure).
+    Every block of a kind is decided once, so the first block's placements stand for all."""
+    if plan.mesh.tp <= 1:
         return frozenset()
     tp = AXES.index("tp")
-    return frozenset(sub for sub, linears in SUBLAYER_FIRST_LINEARS.items() for linear in linears
-                     if plan.param_layouts.get(f"layers.0.{linear}.weight", ("",) * len(AXES))[tp] == "R")
+
+    def whole(name: str) -> bool:
+        return bool(plan.param_layouts) and plan.param_layouts.get(name, ("",) * len(AXES))[tp] == "R"
+
+    s = own_structure(plan)
+    if s is None:
+        return frozenset(sub for sub, linears in SUBLAYER_FIRST_LINEARS.items() for linear in linears
+                         if whole(f"layers.0.{linear}.weight"))
+    out = set()
+    for sub, linears in s.tp_linears().items():
+        if linears is None:  # kept whole by the runtime: attention, or an MLP that is not experts
+            if getattr(s, sub) and (sub == "attn" or not s.experts):
+                out.add(sub)
+        elif whole(f"{s.block_path(0)}.{linears[0][0]}.weight"):
+            out.add(sub)
+    return frozenset(out)
+
+
+def own_structure(plan: Plan) -> ModelStructure | None:
+    """``plan.structure`` as a ``ModelStructure``; None for a plan without one."""
+    if not plan.structure:
+        return None
+    seen = _STRUCTURES.get(id(plan.structure))
+    if seen is None or seen[0] is not plan.structure:  # the search's candidates share one structure dict
+        if len(_STRUCTURES) > 64:
+            _STRUCTURES.clear()
+        seen = _STRUCTURES[id(plan.structure)] = (plan.structure, ModelStructure.from_dict(plan.structure))
+    return seen[1]
+
+
+_STRUCTURES: dict[int, tuple[dict, ModelStructure]] = {}  # id -> (the dict, kept alive, its structure)
 
 
 def sublayer_shares(dims: ModelDims, seq_len: int) -> dict[str, tuple[float, float]]:

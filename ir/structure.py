@@ -106,6 +106,17 @@ class ModelStructure:
         """The MLP has column-parallel inputs and one row-parallel output (no experts)."""
         return bool(self.mlp_in and self.mlp_out and not self.experts)
 
+    def tp_linears(self) -> dict[str, tuple[tuple[str, ...], str] | None]:
+        """Per sublayer of a block (``attn``, ``mlp``), its (column-parallel, row-parallel) linears, module
+        paths relative to the block; None for a sublayer tensor parallelism keeps whole: a fused q/k/v
+        projection (heads would be cut across q, k and v), GPT-2's Conv1D (the torch styles shard nn.Linear
+        only), a MoE. What codegen shards (``codegen/tp_plans.py``), the solver writes layouts for and the
+        cost model prices whole."""
+        if self.linear_kind != "linear":
+            return {"attn": None, "mlp": None}
+        return {"attn": ((self.q, self.k, self.v), self.o) if self.attn_split else None,
+                "mlp": (tuple(self.mlp_in), self.mlp_out) if self.mlp_split else None}
+
     def expert_blocks(self) -> tuple[int, ...]:
         """Indices of the blocks that hold ``experts`` (every block but ``dense_blocks``)."""
         if not self.experts:

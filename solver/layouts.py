@@ -41,9 +41,9 @@ def structure_split(graph) -> dict[str, str]:
     Gemma 2's eager attention is traced), where ``TP_RULES``, written for the zoo's names, would keep a Hugging Face
     model's every linear ``R``."""
     s = graph.structure
-    if s is None or s.linear_kind != "linear":
+    if s is None:
         return {}
-    pairs = ([((s.q, s.k, s.v), s.o)] if s.attn_split else []) + ([(tuple(s.mlp_in), s.mlp_out)] if s.mlp_split else [])
+    pairs = [linears for linears in s.tp_linears().values() if linears is not None]
     out = {}
     for block in graph.blocks:
         for cols, row in pairs:

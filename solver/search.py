@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Callable
 
 from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers, step_time
 from ..cost_model.summary import summary_of
-from ..ir import Graph, Mesh, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
+from ..ir import Graph, Mesh, ModelStructure, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts, structure_split
@@ -62,7 +63,14 @@ def plan_of(req: Request, cand: Candidate, selective: int = 0, full: int = 0, of
                 recompute=recompute_list(dims.layers, stages, cand.pp, selective, full, offload),
                 param_layouts=param_layouts(names, tp=cand.tp, zero=cand.zero, dp=cand.dp,
                                             tp_layouts=_tp_layouts(req, cand) if layouts else None), dtype=req.dtype,
-                software=req.software.name)
+                software=req.software.name, structure=_structure_dict(req.graph.structure))
+
+
+@lru_cache(maxsize=16)
+def _structure_dict(structure: ModelStructure | None) -> dict[str, Any]:
+    """One dict per model for every candidate: the cost model prices the sublayers its structure keeps whole over tp
+    (``cost_model.sublayers``)."""
+    return structure.to_dict() if structure is not None else {}
 
 
 TP_REPLICATE = "tp_replicate"  # a replicated sublayer inside a tp block (codegen/tp_plans runs it plain)

@@ -41,3 +41,39 @@ def test_replicated_mlp_holds_its_weights_whole_and_computes_them_whole(make_gra
     assert b.memory_bytes["activations"] > a.memory_bytes["activations"]
     assert b.time_s["compute"] > a.time_s["compute"]
     assert estimate(graph, cluster, base).step_time_s == pytest.approx(a.step_time_s)  # no layouts: all split
+
+
+def _structure(**over) -> dict:
+    base = dict(blocks="model.layers", num_blocks=2, attn="self_attn", q="self_attn.q_proj", k="self_attn.k_proj",
+                v="self_attn.v_proj", o="self_attn.o_proj", mlp="mlp", mlp_in=["mlp.gate_proj", "mlp.up_proj"],
+                mlp_out="mlp.down_proj")
+    return ir.ModelStructure.from_dict({**base, **over}).to_dict()
+
+
+def test_a_model_on_its_own_modules_is_read_at_its_own_paths(make_graph, make_plan) -> None:
+    """A Hugging Face or user model's plan names its own linears (``model.layers.0.self_attn.q_proj``), not the zoo's
+    (``layers.0.attn.wq``): the sublayer its layouts keep whole is read there, and one tensor parallelism cannot split
+    at all (GPT-2's Conv1D, a fused q/k/v projection: the runtime keeps it whole, ``ModelStructure.tp_linears``) is
+    whole whatever the layouts say; an MoE's experts are not a dense MLP kept whole."""
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    base = make_plan(cfg, cluster, global_batch=8, seq_len=2048, tp=4, dp=2)
+    tp = ir.AXES.index("tp")
+    lay = {f"model.layers.{i}.self_attn.q_proj.weight": tuple("R" if a != tp else p for a in range(len(ir.AXES)))
+           for i, p in ((0, "R"), (1, "R"))}
+    own = dataclasses.replace(base, structure=_structure())
+    assert replicated_sublayers(own) == frozenset()  # no layouts: the runtime runs Megatron's split
+    assert replicated_sublayers(dataclasses.replace(own, param_layouts=lay)) == {"attn"}
+    fused = dataclasses.replace(base, structure=_structure(q="", k="", v="", qkv="self_attn.qkv_proj"))
+    assert replicated_sublayers(fused) == {"attn"}
+    conv = dataclasses.replace(base, structure=_structure(linear_kind="conv1d"))
+    assert replicated_sublayers(conv) == {"attn", "mlp"}
+    moe = dataclasses.replace(base, structure=_structure(mlp_in=[], mlp_out="", experts="mlp.experts",
+                                                         router="mlp.gate"))
+    assert replicated_sublayers(moe) == frozenset()
+    no_tp = make_plan(cfg, cluster, global_batch=8, seq_len=2048, tp=1, dp=8)
+    assert replicated_sublayers(dataclasses.replace(no_tp, structure=conv.structure)) == set()
+    # priced whole: the fused-q/k/v plan computes and holds attention on every tp rank
+    split, whole = estimate(graph, cluster, own), estimate(graph, cluster, fused)
+    assert whole.time_s["compute"] > split.time_s["compute"]
+    assert whole.memory_bytes["params"] > split.memory_bytes["params"]
