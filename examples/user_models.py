@@ -188,6 +188,12 @@ def hf_gpt2_config(**overrides) -> dict:
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
 
 
+def hf_opt_config(**overrides) -> dict:
+    return dict(model_type="opt", vocab_size=256, hidden_size=64, ffn_dim=128, word_embed_proj_dim=64,
+                num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64, dropout=0.0,
+                attention_dropout=0.0, **overrides)
+
+
 def hf_mixtral_config(**overrides) -> dict:
     return dict(model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,

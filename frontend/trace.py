@@ -23,6 +23,7 @@ from .calls import returns_tuple
 from .dims import dims_from_config, has_config_dims, infer_dims, normalized_family
 from .export import export_meta
 from .fastpath import fast_path_list, replicate, truncated
+from .head_split import heads_split_cleanly
 from .inputs import ExampleInputs, Inputs, make_inputs
 from .leaves import LEAF_RULES, LeafCost, LeafRule
 from .lower import lower
@@ -113,8 +114,20 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_input
     if structure.attn:
         structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, ""),
                                         attn_tuple=returns_tuple(calls, structure.attn))
+    if example_inputs is None and structure.attn_split and not heads_split_cleanly(_probe_model(model, lists),
+                                                                                     structure):
+        structure = dataclasses.replace(structure, attn_whole=True, notes=structure.notes + (
+            f"{structure.block_path('*')}.{structure.attn}: its forward reshapes q, k and v by the model's whole "
+            "head count (given a tensor-parallel rank's heads, it would fold the sequence and compute something "
+            "else); tensor parallelism keeps attention replicated",))
     dims = _dims(model, nodes, params, blocks, leaf_costs, structure)
     return dataclasses.replace(graph, dims=dims, structure=structure)
+
+
+def _probe_model(model: nn.Module, lists: Sequence[tuple[str, Container]]) -> nn.Module:
+    """``model`` with its first few layers only where the fast path applies (the head-split probe runs block 0)."""
+    fast = fast_path_list(lists)
+    return truncated(model, fast.list_path, keep=fast.traced) if fast is not None else model
 
 
 def _placeholder_dims() -> ModelDims:

@@ -21,7 +21,9 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
                   ``first_k_dense_replace`` leading dense layers); expert parallelism skips them
     attn_kwarg    the keyword a block passes attention its input by ("" positional; Hugging Face:
                   "hidden_states"), which sequence parallelism gathers; ``attn_tuple`` when it returns a tuple
-                  (Hugging Face's, GPT-2's too), which sequence parallelism cannot cut if attention is kept whole
+                  (Hugging Face's, GPT-2's too), which sequence parallelism cannot cut if attention is kept whole;
+                  ``attn_whole`` when its forward reshapes by the model's whole head count (OPT's), so that a
+                  head split would fold the sequence: tensor parallelism keeps it whole
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
     head_dim      the attention head width (not always hidden / heads)
     notes         what the frontend could not use, and why (the report shows them)
@@ -65,6 +67,7 @@ class ModelStructure:
     linear_kind: str = "linear"
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     attn_tuple: bool = False  # the attention returns a tuple (Hugging Face's (attn_output, attn_weights))
+    attn_whole: bool = False  # splitting its heads would change what it computes (OPT: frontend/head_split.py)
     head_dim: int = 0
     notes: tuple[str, ...] = ()
 
@@ -99,7 +102,7 @@ class ModelStructure:
     @property
     def attn_split(self) -> bool:
         """Attention has separate q, k, v and o projections that tensor parallelism can split by heads."""
-        return bool(self.q and self.k and self.v and self.o)
+        return bool(self.q and self.k and self.v and self.o) and not self.attn_whole
 
     @property
     def mlp_split(self) -> bool:

@@ -24,7 +24,7 @@ from ..cost_model.summary import summary_of
 from ..ir import Graph, Mesh, ModelStructure, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
-from .layouts import param_layouts, structure_split
+from .layouts import attention_kept_whole, param_layouts, structure_split
 from .pins import check_pins_fit
 from .space import (OFFLOAD, OFFLOAD_WITH_PP, OFFLOAD_WITH_RECOMPUTE, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates,
                     check_fixed, explain_empty, scale_up_gpus)
@@ -94,7 +94,8 @@ def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
     sol = intra_op_of(req, cand)
     if sol is None:
         return None
-    return sol.tp_placements(req.graph) if sol.ok else (structure_split(req.graph) or None)
+    found = sol.tp_placements(req.graph) if sol.ok else (structure_split(req.graph) or None)
+    return attention_kept_whole(req.graph, found)
 
 
 def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,

@@ -34,6 +34,8 @@ HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gp
 # GPT-2 ties its head to the token embedding; built on meta and materialized, under DDP (no FSDP unit re-points
 # the head at the embedding's parameter): the one process's model, one weight, not two
 META_TIED = "hf gpt2 dp2 x tp2 zero0, built on meta (tied head)"
+# OPT reshapes q, k, v by its whole head count: the search keeps its attention whole over tp (frontend/head_split.py)
+HF_OPT = {"kind": "hf", "class": "OPTForCausalLM", "config": user_models.hf_opt_config()}
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
@@ -92,6 +94,7 @@ def plans() -> dict[str, mp.Plan]:
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         META_TIED: _plan(HF_GPT2, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
+        "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
                                                    fixed={**PINS, "dp": 2, "tp": 2, "zero": 2, "sp": True,
@@ -122,6 +125,13 @@ def test_the_search_splits_hugging_face_attention_under_sp(plans) -> None:
     assert tp == {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)"}, tp
 
 
+def test_opt_attention_stays_whole_over_tp(plans) -> None:
+    """OPT's head split would fold the sequence (frontend/head_split.py): its q/k/v/o stay R under tp."""
+    layouts = plans["hf opt dp2 x tp2"].param_layouts
+    tp = {name.split(".")[-2]: lay[3] for name, lay in layouts.items() if ".layers.0.self_attn." in name}
+    assert tp and set(tp.values()) == {"R"}, tp
+
+
 def test_sources_are_recorded(plans) -> None:
     assert plans["hf llama dp2 x tp2 (solver's layouts)"].source["kind"] == "hf"
     assert plans["nanogpt dp2 x tp2"].source == {"kind": "builder", "target": "user_models:nanogpt", "kwargs": NANOGPT}
@@ -135,7 +145,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp",
                                   "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
-                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED])
+                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])

@@ -1,0 +1,38 @@
+"""A head split that would change what attention computes is found before any plan uses it: OPT's Hugging Face
+attention reshapes q, k and v by ``(bsz, -1, num_heads, head_dim)``, its whole head count, so a tensor-parallel
+rank's half of the heads would fold the sequence in two (no error, another model). Llama's reshapes by ``-1`` heads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from meshplan.frontend import trace
+from meshplan.frontend.head_split import heads_split_cleanly
+from meshplan.runtime.source import build
+
+from user_models import hf_llama_config, hf_opt_config
+
+pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _hf(cls: str, config: dict) -> torch.nn.Module:
+    with torch.device("meta"):
+        return build({"kind": "hf", "class": cls, "config": config})
+
+
+def test_opt_attention_is_kept_whole_and_llama_s_is_split() -> None:
+    opt = _hf("OPTForCausalLM", hf_opt_config())
+    s = trace(opt, seq_len=32).structure
+    assert (s.q, s.o) == ("self_attn.q_proj", "self_attn.out_proj")  # found: separate projections
+    assert s.attn_whole and not s.attn_split and s.tp_linears()["attn"] is None
+    assert any("whole head count" in n for n in s.notes)
+    assert not heads_split_cleanly(opt, dataclasses.replace(s, attn_whole=False))  # the probe's own answer
+    llama = _hf("LlamaForCausalLM", hf_llama_config())
+    ls = trace(llama, seq_len=32).structure
+    assert not ls.attn_whole and ls.attn_split and heads_split_cleanly(llama, ls)
+
