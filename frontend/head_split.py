@@ -14,10 +14,12 @@ model's: each must be the same or have its heads dim (1 or 2) halved, as a head 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ir import ModelStructure
@@ -62,18 +64,39 @@ def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[
         parent, _, name = s.o.rpartition(".")
         holder = block.get_submodule(parent) if parent else block
         setattr(holder, name, _narrowed(getattr(holder, name), inp=2))
-    tokens = torch.zeros(1, PROBE_SEQ, dtype=torch.long, device="meta")
     mode = _Shapes()
     attn = block.get_submodule(s.attn)
-    with _hooked(attn, mode), mode, torch.no_grad():
+    # fake tensors: Hugging Face's mask code skips its value checks (.item()) when it sees one, as under export;
+    # the forward stops where block 0's attention returns (``_Done``), before anything the probe does not need
+    with _quiet_fake_tensors(), FakeTensorMode(allow_non_fake_inputs=True), _hooked(attn, mode), mode, \
+            torch.no_grad():
+        tokens = torch.zeros(1, PROBE_SEQ, dtype=torch.long, device="meta")
         try:
             if is_huggingface(copy):
                 copy(input_ids=tokens, use_cache=False)
             else:
                 copy(tokens)
+        except _Done:
+            return mode.shapes
         except Exception:  # noqa: BLE001 - a reshape that cannot take half the heads is the answer
             return None
-    return mode.shapes
+    return None  # the attention never ran
+
+
+class _Done(Exception):
+    """Raised where block 0's attention returns: the probe has what it needs."""
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors() -> Iterator[None]:
+    """FakeTensorMode logs an op that fails on meta at ERROR before raising it; here failing is an answer."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -83,6 +106,7 @@ def _hooked(module: nn.Module, mode: _Shapes) -> Iterator[None]:
 
     def leave(*_: object) -> None:
         mode.active = False
+        raise _Done
 
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     try:

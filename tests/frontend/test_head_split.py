@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from meshplan.frontend import trace
+from meshplan.frontend import head_split
 from meshplan.frontend.head_split import heads_split_cleanly
 from meshplan.runtime.source import build
 
@@ -35,4 +36,17 @@ def test_opt_attention_is_kept_whole_and_llama_s_is_split() -> None:
     llama = _hf("LlamaForCausalLM", hf_llama_config())
     ls = trace(llama, seq_len=32).structure
     assert not ls.attn_whole and ls.attn_split and heads_split_cleanly(llama, ls)
+    whole, split = (head_split._attention_shapes(llama, ls, split=h) for h in (False, True))
+    assert whole and split and len(whole) == len(split)  # the probe ran Llama's attention both ways
+
+
+def test_olmo2_s_whole_width_q_norm_keeps_its_attention_whole() -> None:
+    """OLMo 2 normalizes q and k over all heads at once (``q_norm`` of width heads x head_dim): a rank's half of the
+    heads cannot take that norm (the split run fails, as tp's workers would), so attention stays whole."""
+    import transformers
+
+    config = transformers.Olmo2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=64)
+    s = trace(_hf("Olmo2ForCausalLM", config.to_dict()), seq_len=32).structure
+    assert s.attn_whole and s.tp_linears()["attn"] is None
 
