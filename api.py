@@ -287,6 +287,7 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
     runtime, why_not = offered(structure, zoo_modules, () if zoo_modules else cp_blockers(module, graph, seq_len))
+    _check_pins_offered(fixed, runtime, why_not)
     if program.search_space == "megatron":  # Megatron runs the plan: its options, not meshplan runtime's
         runtime, why_not = solver.space.MEGATRON, (
             f"costed as {program.name}: the search offers what Megatron-Core runs (the distributed optimizer "
@@ -355,6 +356,22 @@ def _software(software: str | Software | None, dtype: str | None) -> Software:
                            "Megatron-Core's Transformer Engine program on Blackwell: add --software "
                            "megatron-core-perf-recipes and export the plan with `meshplan export --to megatron`")
     return program
+
+
+_PINNED_PARALLELISM = {"pp": "pipeline parallelism", "cp": "context parallelism", "sp": "sequence parallelism",
+                       "tp": "tensor parallelism"}
+
+
+def _check_pins_offered(fixed: dict[str, Any] | None, runtime: frozenset[str], why_not: tuple[str, ...]) -> None:
+    """A pin asking for a parallelism this model's own modules rule out (``offered``) is refused with the model's
+    reason (a tied head and pp, OPT's positions and cp), not the search's "the runtime cannot execute pp yet"."""
+    for key, words in _PINNED_PARALLELISM.items():
+        value = (fixed or {}).get(key)
+        if value is None or value is False or (value == 1 and not isinstance(value, bool)) or key in runtime:
+            continue
+        reason = next((w for w in why_not if w.startswith(f"{words} is not offered")), "")
+        if reason:
+            raise ir.PlanError(f"fixed: {key}={value!r}, but {reason}; leave {key} unset")
 
 
 def _blockless_plans(module: torch.nn.Module, graph: ir.Graph, source: dict[str, Any], cluster: Cluster, *,

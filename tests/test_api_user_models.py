@@ -2,6 +2,7 @@
 message that names what is wrong and what to do (no traceback)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -193,3 +194,21 @@ def test_a_block_the_intra_op_program_cannot_split_gets_megatron_s_split_on_its_
           if ".layers.0." in name and name.endswith("proj.weight")}
     assert tp == {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)", "gate_proj": "S(0)",
                   "up_proj": "S(0)", "down_proj": "S(1)"}, tp
+
+
+def test_a_pin_the_model_rules_out_is_refused_with_the_model_s_reason() -> None:
+    """GPT-2 ties its head (no pp) and its attention returns a tuple while tp keeps it whole (no sp): pinning either
+    names that reason, where the search said "the runtime cannot execute pp yet" and, for sp, planned it anyway
+    (its workers then died in torch's PrepareModuleInput)."""
+    import meshplan as mp
+
+    with torch.device("meta"):
+        module = sources.build({"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()})
+    for pin, words in (({"pp": 2}, "fixed: pp=2, but pipeline parallelism is not offered: the output head 'lm_head' "
+                                   "is tied"),
+                       ({"tp": 2, "sp": True}, "fixed: sp=True, but sequence parallelism is not offered: attention "
+                                               "('attn') is kept whole")):
+        with pytest.raises(ir.PlanError, match=re.escape(words)):
+            mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed=pin)
+    plan = mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2, "sp": False})
+    assert plan.mesh.tp == 2 and not plan.sequence_parallel
