@@ -318,6 +318,7 @@ class _Ctx:
     replicate: bool
     param_numel: dict
     keep_split: tuple[str, ...] = ()  # module paths whose linears are never replicated (``block_problem``)
+    keep_whole: tuple[str, ...] = ()  # module paths whose linears are only replicated (``block_problem``)
 
 
 def _allowed(rule: _Rule, role: str, node: Node, c: _Ctx) -> bool:
@@ -329,6 +330,8 @@ def _allowed(rule: _Rule, role: str, node: Node, c: _Ctx) -> bool:
     if role == "norm":
         return (out == SS) == c.sp  # the runtime puts SequenceParallel on every norm under sp
     if role == "linear":
+        if node.module_path.startswith(c.keep_whole):
+            return name == "replicate"
         return name != "replicate" or (c.replicate and not node.module_path.startswith(c.keep_split))
     shape = node.outputs[0].shape
     return (out != SH or len(shape) >= 3) and (out != SS or any(SEQ in getattr(d, "free_symbols", ()) for d in shape))
@@ -395,15 +398,18 @@ def _boundary(name: str, stream: str, reads: tuple[int, ...]) -> Op:
 def block_problem(graph: Graph, kind: str, *, tp: int, cluster: Cluster, micro_batch: int, seq_len: int,
                   sp: bool, dtype: str = "bfloat16", memory_limit_bytes: float = float("inf"),
                   replicate: bool = True, transitions: frozenset = RUNTIME_TRANSITIONS,
-                  split_under_sp: tuple[str, ...] = ()) -> Problem:
+                  split_under_sp: tuple[str, ...] = (), keep_whole: tuple[str, ...] = ()) -> Problem:
     """The program for the first block of ``kind``; ``replicate`` offers replicated linears, except, under
-    sequence parallelism, those of the block's sublayers named in ``split_under_sp`` (e.g. ``"self_attn"``)."""
+    sequence parallelism, those of the block's sublayers named in ``split_under_sp`` (e.g. ``"self_attn"``). The
+    linears of the sublayers in ``keep_whole`` are only replicated (an attention a head split would change,
+    ``ModelStructure.attn_whole``: the runtime keeps it whole)."""
     blocks = [b for b in graph.blocks if b.kind == kind]
     block = blocks[0]
     sp = sp and tp > 1
     keep_split = tuple(f"{block.name}.{sub}." for sub in split_under_sp) if sp else ()
     c = _Ctx(cluster=cluster, tp=tp, sp=sp, batch=micro_batch, seq=seq_len, dtype=dtype,
-             replicate=replicate, param_numel={p.name: p.numel for p in graph.params}, keep_split=keep_split)
+             replicate=replicate, param_numel={p.name: p.numel for p in graph.params}, keep_split=keep_split,
+             keep_whole=tuple(f"{block.name}.{sub}." for sub in keep_whole))
     stream = SS if c.sp else R
     nodes = [n for n in graph.nodes_of(block) if n.outputs and _batched(n.outputs[0].shape)]
     inside = {n.name for n in nodes}
@@ -491,15 +497,15 @@ _CACHE: dict[tuple, tuple[Graph, GraphSolution]] = {}
 
 def solve_graph(graph: Graph, *, tp: int, cluster: Cluster, micro_batch: int, seq_len: int, sp: bool,
                 dtype: str = "bfloat16", replicate: bool = False,
-                split_under_sp: tuple[str, ...] = ()) -> GraphSolution:
+                split_under_sp: tuple[str, ...] = (), keep_whole: tuple[str, ...] = ()) -> GraphSolution:
     """Each block kind solved once; cached per (graph, tp, sp, cluster, micro-batch, sequence, dtype)."""
-    key = (id(graph), tp, sp, cluster, micro_batch, seq_len, dtype, replicate, split_under_sp)
+    key = (id(graph), tp, sp, cluster, micro_batch, seq_len, dtype, replicate, split_under_sp, keep_whole)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     sols = tuple(solve(block_problem(graph, kind, tp=tp, cluster=cluster, micro_batch=micro_batch,
                                      seq_len=seq_len, sp=sp, dtype=dtype, replicate=replicate,
-                                     split_under_sp=split_under_sp))
+                                     split_under_sp=split_under_sp, keep_whole=keep_whole))
                  for kind in graph.block_kinds)
     result = GraphSolution(tp=tp, sp=sp, solutions=sols)
     if len(_CACHE) >= 64:

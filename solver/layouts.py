@@ -53,22 +53,6 @@ def structure_split(graph) -> dict[str, str]:
     return out
 
 
-def attention_kept_whole(graph, layouts: dict[str, str] | None) -> dict[str, str] | None:
-    """``layouts`` with every block's q, k, v and o projections ``R`` where the structure says a head split would
-    change what the attention computes (``ModelStructure.attn_whole``: OPT's reshape by its whole head count), what
-    the runtime then runs; the intra-op program, reading a graph whose reshapes look alike, may have split them."""
-    s = graph.structure
-    if layouts is None or s is None or not s.attn_whole:
-        return layouts
-    out = dict(layouts)
-    for block in graph.blocks:
-        for path in (s.q, s.k, s.v, s.o):
-            for kind in ("weight", "bias"):
-                if f"{block.name}.{path}.{kind}" in out:
-                    out[f"{block.name}.{path}.{kind}"] = "R"
-    return out
-
-
 def param_layouts(param_names: tuple[str, ...], *, tp: int, zero: int, dp: int,
                   tp_layouts: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
     """Placements per axis of ``AXES`` for every parameter; ``tp_layouts`` (the intra-op answer for

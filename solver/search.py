@@ -24,7 +24,7 @@ from ..cost_model.summary import summary_of
 from ..ir import Graph, Mesh, ModelStructure, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
-from .layouts import attention_kept_whole, param_layouts, structure_split
+from .layouts import param_layouts, structure_split
 from .pins import check_pins_fit
 from .space import (OFFLOAD, OFFLOAD_WITH_PP, OFFLOAD_WITH_RECOMPUTE, OFFLOAD_WITH_TP, RUNTIME, Candidate, candidates,
                     check_fixed, explain_empty, scale_up_gpus)
@@ -84,9 +84,10 @@ def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:
     structure = req.graph.structure
     split = ((structure.attn,) if SP_WHOLE_ATTN not in req.runtime and structure is not None and structure.attn
              else ())
+    whole = (structure.attn,) if structure is not None and structure.attn_whole else ()
     return intra_op.solve_graph(req.graph, tp=cand.tp, cluster=req.cluster, micro_batch=cand.micro_batch,
                                 seq_len=req.seq_len // cand.cp, sp=cand.sp, dtype=req.dtype,
-                                replicate=TP_REPLICATE in req.runtime, split_under_sp=split)
+                                replicate=TP_REPLICATE in req.runtime, split_under_sp=split, keep_whole=whole)
 
 
 def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
@@ -94,8 +95,7 @@ def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:
     sol = intra_op_of(req, cand)
     if sol is None:
         return None
-    found = sol.tp_placements(req.graph) if sol.ok else (structure_split(req.graph) or None)
-    return attention_kept_whole(req.graph, found)
+    return sol.tp_placements(req.graph) if sol.ok else (structure_split(req.graph) or None)
 
 
 def recompute_list(layers: int, stages: tuple[tuple[int, int], ...], pp: int, selective: int,

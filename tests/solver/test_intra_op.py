@@ -216,3 +216,14 @@ def test_hugging_face_attention_splits_its_heads_and_reads_the_mask_whole() -> N
     kept = _solve(graph, tp=4, sp=True, split_under_sp=("self_attn",), cluster=parse_cluster("cpu:1x4"),
                   seq_len=64)
     assert all(style != "replicate" for name, style in kept.linears if name.startswith("self_attn."))
+
+
+def test_an_attention_the_runtime_keeps_whole_is_only_replicated(graphs) -> None:
+    """``keep_whole`` (an attention a head split would change, ``ModelStructure.attn_whole``: OPT's) leaves its linears
+    one strategy, replicate, even where Megatron's split wins, and the program still splits the MLP around it; without
+    tp_replicate offered too (the runtime runs a whole sublayer as plain modules either way)."""
+    for replicate in (True, False):
+        sol = _solve(graphs["llama"], replicate=replicate, keep_whole=("attn",))
+        linears = dict(sol.linears)
+        assert sol.status == "OPTIMAL" and {v for k, v in linears.items() if k.startswith("attn.")} == {"replicate"}
+        assert {v for k, v in linears.items() if k.startswith("mlp.")} == {"colwise", "rowwise"}, linears
