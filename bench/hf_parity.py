@@ -1,0 +1,104 @@
+"""Tiny Hugging Face architectures as a user meets them: ``meshplan plan`` then ``meshplan run`` on one CPU process
+and on four (pinned, e.g. dp 2 x tp 2), the losses of the first steps side by side. A program that trains another
+model than the user's shows as different losses at step 1; one that cannot run, as its error.
+
+    python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--steps 2] [--only llama opt ...]
+
+Each config is tiny (hidden 64, 4 heads and 2 KV heads, 2 layers, vocabulary 256) with dropout off (each rank
+draws its own dropout masks, so a run with dropout cannot match one process). Prints one row per architecture:
+the plan chosen on four processes (pp, tp, cp, sp, ZeRO) and the losses of both runs. A benchmark, not a test:
+about 20 s an architecture on two cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+             vocab_size=256, max_position_embeddings=128)
+NO_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout", "dropout",
+              "hidden_dropout_prob", "attention_probs_dropout_prob", "summary_first_dropout")
+# model_type -> (class, config beyond SMALL)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", {}),
+    "mistral": ("MistralForCausalLM", {}),
+    "mixtral": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=32)),
+    "gemma2": ("Gemma2ForCausalLM", dict(head_dim=16)),
+    "gemma3_text": ("Gemma3ForCausalLM", dict(head_dim=16)),
+    "phi": ("PhiForCausalLM", {}),
+    "olmo2": ("Olmo2ForCausalLM", {}),
+    "stablelm": ("StableLmForCausalLM", {}),
+    "starcoder2": ("Starcoder2ForCausalLM", {}),
+    "gpt_neox": ("GPTNeoXForCausalLM", {}),
+    "gptj": ("GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8)),
+    "gpt2": ("GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    "opt": ("OPTForCausalLM", dict(ffn_dim=128, word_embed_proj_dim=64)),
+    "falcon": ("FalconForCausalLM", {}),
+    "bloom": ("BloomForCausalLM", dict(n_head=4, n_layer=2)),
+    "gpt_oss": ("GptOssForCausalLM", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+def write_config(model_type: str, where: Path) -> Path:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cls, extra = ARCHITECTURES[model_type]
+    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    for key in NO_DROPOUT:
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.0)
+    cfg.architectures = [cls]
+    path = where / model_type
+    cfg.save_pretrained(path)
+    return path
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int) -> str:
+    """'pp1 tp2 cp1 sp0 z2  5.568831 5.584849', or where it stopped and the last line of its error."""
+    plan = model / f"plan{nproc}.json"
+    done = _cli("plan", "-q", "--model", f"hf:{model}", "--cluster", f"cpu:1x{nproc}", "--global-batch", "8",
+                "--seq-len", "32", "-o", str(plan), *pins)
+    if done.returncode:
+        return "plan failed: " + ((done.stderr or done.stdout).strip().splitlines() or ["?"])[-1][:160]
+    p = json.loads(plan.read_text())
+    mesh = p["mesh"]
+    what = f"pp{mesh['pp']} tp{mesh['tp']} cp{mesh['cp']} sp{int(p['sequence_parallel'])} z{p['zero_stage']}"
+    done = _cli("run", str(plan), "--nproc", str(nproc), "--steps", str(steps), "-q")
+    losses = [line.split()[-1] for line in done.stdout.splitlines() if line.startswith("step ")]
+    if done.returncode or len(losses) != steps:
+        errors = [line for line in (done.stderr + done.stdout).splitlines() if "Error" in line] or ["?"]
+        return f"{what}  run failed: {errors[-1].strip()[:160]}"
+    return f"{what}  {' '.join(losses)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pins", default="--dp 2 --tp 2", help="meshplan plan pins for the 4-process run")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES), help="these architectures only")
+    args = parser.parse_args()
+    print(f"{'architecture':24s} {'one process':28s} four processes ({args.pins})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_type in args.only or ARCHITECTURES:
+            model = write_config(model_type, Path(tmp))
+            one = plan_and_run(model, 1, [], args.steps)
+            four = plan_and_run(model, 4, shlex.split(args.pins), args.steps)
+            print(f"{ARCHITECTURES[model_type][0]:24s} {one:28s} {four}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
