@@ -58,12 +58,8 @@ def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[
     block = copy.get_submodule(s.block_path(0))
     if split:
         for path in (s.q, s.k, s.v):
-            parent, _, name = path.rpartition(".")
-            holder = block.get_submodule(parent) if parent else block
-            setattr(holder, name, _narrowed(getattr(holder, name), out=2))
-        parent, _, name = s.o.rpartition(".")
-        holder = block.get_submodule(parent) if parent else block
-        setattr(holder, name, _narrowed(getattr(holder, name), inp=2))
+            block.set_submodule(path, _narrowed(block.get_submodule(path), out=2))
+        block.set_submodule(s.o, _narrowed(block.get_submodule(s.o), inp=2))
     mode = _Shapes()
     attn = block.get_submodule(s.attn)
     # fake tensors: Hugging Face's mask code skips its value checks (.item()) when it sees one, as under export;
@@ -117,11 +113,14 @@ def _hooked(module: nn.Module, mode: _Shapes) -> Iterator[None]:
 
 
 def _halved(whole: tuple[int, ...], split: tuple[int, ...]) -> bool:
+    """``split`` is ``whole`` with its heads dim (1, or 2 before the heads move forward) halved, or the same."""
     if whole == split:
         return True
     differ = [i for i, (a, b) in enumerate(zip(whole, split)) if a != b]
-    return len(whole) == len(split) and len(differ) == 1 and differ[0] in (1, 2) and whole[differ[0]] == 2 * split[
-        differ[0]]
+    if len(whole) != len(split) or len(differ) != 1:
+        return False
+    i = differ[0]
+    return i in (1, 2) and whole[i] == 2 * split[i]
 
 
 def heads_split_cleanly(model: nn.Module, s: ModelStructure) -> bool:

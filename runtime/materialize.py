@@ -309,9 +309,9 @@ def _zoo_init(ref: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, full.detach()
 
 
-def _initialize(root: nn.Module, path: str, module: nn.Module, init: nn.Module, done: set[str]
+def _initialize(path: str, module: nn.Module, init: nn.Module, done: set[str]
                 ) -> Generator[tuple[str, torch.Tensor], None, nn.Module | None]:
-    """``init._initialize_weights`` applied to ``module`` (at ``path`` in ``root``) and its children, children
+    """``init._initialize_weights`` applied to ``module`` (at ``path`` in the model) and its children, children
     first, skipping the sub-models in ``done`` (``PreTrainedModel.initialize_weights``). Yields each parameter
     as the init leaves it, and a child's again where its parent's init rewrote it (GPT-2's scales its blocks'
     ``c_proj``); returns the module's twin, without children, for its parent's init, so at most one module
@@ -320,7 +320,7 @@ def _initialize(root: nn.Module, path: str, module: nn.Module, init: nn.Module, 
         return None
     children = {}
     for name, child in module.named_children():
-        children[name] = yield from _initialize(root, f"{path}.{name}" if path else name, child, init, done)
+        children[name] = yield from _initialize(f"{path}.{name}" if path else name, child, init, done)
     twin = _twin(module)
     twin._modules = {name: c for name, c in children.items() if c is not None}
     before = {(name, p_name): p._version for name, c in twin._modules.items()
@@ -351,5 +351,5 @@ def _hf_build(model: nn.Module, events: tuple[tuple, ...]) -> Iterator[tuple[str
         path = event[1]
         module = model.get_submodule(path)
         with initialization.guard_torch_init_functions():
-            yield from _initialize(model, path, module, module, done)
+            yield from _initialize(path, module, module, done)
         done.add(path)
