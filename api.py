@@ -364,7 +364,7 @@ _PINNED_PARALLELISM = {"pp": "pipeline parallelism", "cp": "context parallelism"
 
 def _check_pins_offered(fixed: dict[str, Any] | None, runtime: frozenset[str], why_not: tuple[str, ...]) -> None:
     """A pin asking for a parallelism this model's own modules rule out (``offered``) is refused with the model's
-    reason (a tied head and pp, OPT's positions and cp), not the search's "the runtime cannot execute pp yet"."""
+    reason (no blocks and pp, OPT's positions and cp), not the search's "the runtime cannot execute pp yet"."""
     for key, words in _PINNED_PARALLELISM.items():
         value = (fixed or {}).get(key)
         if value is None or value is False or (value == 1 and not isinstance(value, bool)) or key in runtime:

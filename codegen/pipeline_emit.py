@@ -37,6 +37,8 @@ def split_pipeline_lines(step: SplitPipeline, target: str) -> tuple[str, list[st
         f'pp_rank, pp_group = mesh.get_local_rank("{axis}"), mesh["{axis}"].get_group()',
         f"stage_ids = range(pp_rank, len(stage_layers), {pp_size})",
         "last_stage = len(stage_layers) - 1  # the first or last stage may hold only the embedding or the head",
+        "# a head tied to the embedding: the first and the last stage each hold a copy, whose gradients are summed",
+        f'tied = TiedWeights(model, mesh, "{axis}", stage_parts["first_parts"], stage_parts["last_parts"])',
         "stage_modules = [parallelize(Stage(model, *stage_layers[c], embeds=c == 0, projects=c == last_stage,",
         f"{INDENT * 8}**stage_parts), mesh) for c in stage_ids]",
         "model = materialized(LocalStages(stage_modules), mesh)  # this rank's parameters, under the model's names",
@@ -78,8 +80,9 @@ LOOP = '''
         first_stage_inputs = (inputs.to(device),) if 0 in stage_ids else ()
         # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
         schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)
-        if args.clip_grad is not None:  # the global norm: every stage's gradients add over pp
-            clip_grad_norm_(model, args.clip_grad, pp_group)
+        tied.all_reduce_grads(model)  # the tied head's two copies take one gradient (nothing if none is tied)
+        if args.clip_grad is not None:  # the global norm: every stage's gradients add over pp (a tied copy once)
+            clip_grad_norm_(model, args.clip_grad, pp_group, tied.copies)
         optimizer.step()
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=device)
@@ -109,4 +112,4 @@ def schedule_import(program: Program) -> list[str]:
         return []
     cls = safe.name(SCHEDULE_CLASSES[split.schedule][0], "the pipeline schedule class")
     return [f"from torch.distributed.pipelining import PipelineStage, {cls}", "",
-            "from meshplan.runtime.pipeline import LocalStages, Stage, held, holds"]
+            "from meshplan.runtime.pipeline import LocalStages, Stage, TiedWeights, held, holds"]

@@ -69,14 +69,16 @@ def check_pipeline(plan: Plan, cfg: dict[str, Any]) -> None:
 
 def pipeline_blockers(s: ModelStructure) -> str:
     """Why the pipeline split (``runtime.pipeline``) cannot cut this model's modules ("" when it can): it
-    needs the blocks, and an embedding and a head that one stage each holds alone."""
+    needs the blocks, and an embedding and a head for the first and the last stage (a head tied to the
+    embedding is held by both: ``runtime.pipeline.TiedWeights``)."""
     if not s.num_blocks:
         return "no repeated blocks (a ModuleList or ModuleDict of alike layers) were found to split between stages"
     if not s.embed or not s.head:
         return "no token embedding or output head was found for the first and last stages to hold"
-    if s.tied_head:
-        return (f"the output head {s.head!r} is tied to the embedding {s.embed!r}: one parameter cannot live on the "
-                "first and the last stage")
+    if s.loose:
+        verb = "holds" if len(s.loose) == 1 else "hold"
+        return (f"{', '.join(map(repr, s.loose))} {verb} parameters outside the blocks, embeddings, final norm and "
+                "head, which no one stage is known to hold")
     return ""
 
 
@@ -89,7 +91,8 @@ def pipelined(plan: Plan, steps: list[Step], s: ModelStructure) -> list[Step]:
                           first_parts=tuple(p for p in (s.embed, s.pos_embed) if p),
                           last_parts=tuple(p for p in (s.final_norm, s.head) if p),
                           seq_factor=plan.mesh.tp if sp else 1,
-                          call_kwargs=(("use_cache", False),) if plan.source.get("kind") == "hf" else ())
+                          call_kwargs=(("use_cache", False),) if plan.source.get("kind") == "hf" else (),
+                          block_tuple=s.block_tuple)
     out: list[Step] = [steps[0], split]
     for step in steps[1:]:
         if isinstance(step, TensorParallel) and step.module == "":

@@ -217,6 +217,7 @@ class SplitPipeline:
     # model's own forward (rotary tables, masks) sees ``seq_factor`` times its local length
     seq_factor: int = 1
     call_kwargs: tuple[tuple[str, bool], ...] = ()  # keywords the model is called with (HF: use_cache=False)
+    block_tuple: bool = False  # a block returns a tuple whose [0] the model takes on (ModelStructure.block_tuple)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", Schedule(self.schedule))
@@ -240,7 +241,8 @@ class SplitPipeline:
     def stage_parts(self) -> dict[str, Any]:
         """``runtime.pipeline.Stage``'s keyword arguments that every stage shares (emitted scripts print them)."""
         return {"blocks": self.blocks, "num_blocks": self.stages[-1][1], "first_parts": self.first_parts,
-                "last_parts": self.last_parts, "seq_factor": self.seq_factor, "call_kwargs": dict(self.call_kwargs)}
+                "last_parts": self.last_parts, "seq_factor": self.seq_factor, "call_kwargs": dict(self.call_kwargs),
+                "block_tuple": self.block_tuple}
 
 
 EXPERT_AXES = ("edp", "ep")  # axes only the expert mesh has; a FullyShard over them shards on that mesh

@@ -113,9 +113,10 @@ def rank_params(summary: ModelSummary, layers: RankLayers, tp: int, ep: int, rep
     if layers.first:
         dense += summary.embed_params / tp
         edges.append(summary.embed_params / tp)
-    if layers.last:
-        dense += summary.head_params / tp
-        edges.append(summary.head_params / tp)
+    if layers.last:  # a tied head: the last stage's copy of the embedding's table when another stage holds it
+        head = summary.head_params or (0 if layers.first else summary.tied_params)
+        dense += head / tp
+        edges.append(head / tp)
     units = layers.layers + (1 if layers.first or layers.last else 0)
     plain, dtensor = param_tensors(summary.dims, layers=layers.layers, first=layers.first, last=layers.last, tp=tp,
                                    sp=False)

@@ -247,6 +247,19 @@ def _pipeline_p2p(cluster: Cluster, plan: Plan, summary: ModelSummary) -> tuple[
     return transfers * each, transfers * act
 
 
+def _tied_head_s(cluster: Cluster, plan: Plan, summary: ModelSummary) -> float:
+    """A head tied to the embedding under pipeline parallelism: the first and the last stage each hold the table,
+    and after the backward the two copies' gradients are all-reduced between them (Megatron-LM
+    ``_allreduce_word_embedding_grads``; ``runtime.pipeline.TiedWeights``), each rank's shard of them under
+    ZeRO-2/3."""
+    m = plan.mesh
+    if m.pp <= 1 or not summary.tied_params:
+        return 0.0
+    shard = (plan.zero_group or m.dp) if plan.zero_stage >= 2 else 1  # HSDP: the shard group's
+    nbytes = summary.tied_params / m.tp / shard * STATE_BYTES[plan.dtype][1]
+    return collective_time("all-reduce", nbytes, 2, (m.pp - 1) * m.dp * m.cp * m.tp, cluster) + _sync_wait(cluster)
+
+
 def _sync_wait(cluster: Cluster) -> float:
     """What a blocking call waits for the rank that computes last: calibrated on CPU ranks, 0 on GPUs."""
     return cluster.accelerator.sync_overhead_s if cluster.cpu_ranks else 0.0
@@ -292,8 +305,8 @@ def _timed(graph: Graph, cluster: Cluster, plan: Plan, software: Software) -> _T
     times = _rank_times(summary, cluster, plan, shape, ranks, software)
     p2p_s, p2p_bytes = _pipeline_p2p(cluster, plan, summary)
     attention_s = m * max(times, key=lambda t: t.microbatch_s).attention_s  # the slowest rank's, as compute's
-    time_s = calibrated(_step_parts(times, cluster, plan, p2p_s + _loss_reduce_s(cluster, plan)), cluster,
-                        attention_s)
+    per_step = p2p_s + _loss_reduce_s(cluster, plan) + _tied_head_s(cluster, plan, summary)
+    time_s = calibrated(_step_parts(times, cluster, plan, per_step), cluster, attention_s)
     return _Timed(summary=summary, ranks=ranks, times=times, time_s=time_s, attention_s=attention_s,
                   p2p_bytes=p2p_bytes)
 

@@ -7,7 +7,9 @@ not read. Parameters are split the way the parallelisms split them:
   (replicated over tp) and ``expert_params`` (sharded by ep and tp);
 * outside the layers: the output projection ``V*h`` on the last pipeline stage, and everything
   else (token and position embeddings, final norm) on the first. When the graph's total is smaller
-  than the layers plus a separate output matrix, the embedding is taken as tied to the output.
+  than the layers plus a separate output matrix, the embedding is taken as tied to the output
+  (``tied_params``): under pipeline parallelism the last stage holds a copy of it, as Megatron-LM's
+  and meshplan's runtimes do (``runtime.pipeline.TiedWeights``).
 
 The cache is keyed by ``id(graph)`` and checked against a weak reference, so a graph that dies
 frees its entry and a new graph at the same address is not confused with it.
@@ -30,6 +32,7 @@ class ModelSummary:
     expert_params: int  # per layer
     embed_params: int  # first stage
     head_params: int  # last stage (0 when tied to the embedding)
+    tied_params: int = 0  # the output table a tied head shares with the embedding: the last stage's copy under pp
 
     @property
     def layer_params(self) -> int:
@@ -81,8 +84,9 @@ def summarize(graph: Graph) -> ModelSummary:
     total = graph.param_count if graph.params else in_layers + 2 * output + dims.hidden
     outside = max(total - in_layers, 0)
     head = output if outside >= 2 * output else 0
+    tied = output if not head and outside >= output else 0
     return ModelSummary(dims=dims, total_params=total, tp_params=tp_params, norm_params=norm,
-                        expert_params=experts, embed_params=outside - head, head_params=head)
+                        expert_params=experts, embed_params=outside - head, head_params=head, tied_params=tied)
 
 
 _CACHE: dict[int, tuple[weakref.ref, ModelSummary]] = {}

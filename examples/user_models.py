@@ -188,6 +188,18 @@ def hf_gpt2_config(**overrides) -> dict:
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
 
 
+def hf_falcon_config(**overrides) -> dict:
+    """Falcon: its blocks return a tuple the model takes [0] of, and its head is tied."""
+    return dict(model_type="falcon", vocab_size=256, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                hidden_dropout=0.0, attention_dropout=0.0, **overrides)
+
+
+def hf_bloom_config(**overrides) -> dict:
+    """BLOOM: a layer norm on the embedding's output, outside the blocks (``word_embeddings_layernorm``)."""
+    return dict(model_type="bloom", vocab_size=256, hidden_size=64, n_head=4, n_layer=2, hidden_dropout=0.0,
+                attention_dropout=0.0, **overrides)
+
+
 def hf_opt_config(**overrides) -> dict:
     return dict(model_type="opt", vocab_size=256, hidden_size=64, ffn_dim=128, word_embed_proj_dim=64,
                 num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64, dropout=0.0,

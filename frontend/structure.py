@@ -20,6 +20,8 @@ block (a child of the repeated container, ``blocks``), and then outside the bloc
                 indices do not come from it (``arange``)
     head        the last projection after the blocks; ``tied_head`` when it reads the embedding's
                 parameter; ``final_norm`` the norm before it
+    loose       the modules outside the blocks holding parameters that are none of the above (BLOOM's
+                ``word_embeddings_layernorm``): no pipeline stage is known to hold them
     head_dim    the last dim of the attention op's q; ``linear_kind`` "conv1d" when a projection's
                 weight is (in, out) (GPT-2's ``Conv1D``: ``addmm(bias, x, weight)``)
 
@@ -62,7 +64,12 @@ def find_structure(model: nn.Module, graph: Graph) -> ModelStructure:
         roles, block_notes = _kind_roles(flow, blocks, container)
         notes += block_notes
     outer = _outer_roles(flow, graph, blocks)
-    return ModelStructure(blocks=container, num_blocks=len(blocks), **outer, **roles, notes=tuple(notes))
+    parts = [p for p in (container, outer.get("embed"), outer.get("pos_embed"), outer.get("final_norm"),
+                         outer.get("head")) if p]
+    loose = tuple(dict.fromkeys(name.rpartition(".")[0] or name for name, _ in model.named_parameters()
+                                if not any(name.startswith(p + ".") for p in parts)))
+    return ModelStructure(blocks=container, num_blocks=len(blocks), **outer, **roles, loose=loose if blocks else (),
+                          notes=tuple(notes))
 
 
 def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[dict, list[str]]:

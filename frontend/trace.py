@@ -111,6 +111,8 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_input
     blocks = build_blocks(nodes, params, layer_paths(lists), _layer_classes(lists))
     graph = Graph(nodes=nodes, params=params, blocks=blocks, dims=_placeholder_dims(), dtype=_graph_dtype(params))
     structure = find_structure(model, graph)
+    if structure.blocks:  # how the first block was called and what it returned: the module at its own path, ""
+        structure = dataclasses.replace(structure, block_tuple=returns_tuple(calls, ""))
     if structure.attn:
         structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, ""),
                                         attn_tuple=returns_tuple(calls, structure.attn))

@@ -68,12 +68,15 @@ class ModelStructure:
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     attn_tuple: bool = False  # the attention returns a tuple (Hugging Face's (attn_output, attn_weights))
     attn_whole: bool = False  # splitting its heads would change what it computes (OPT: frontend/head_split.py)
+    block_tuple: bool = False  # a block returns a tuple the model takes [0] of (Falcon's, BLOOM's (hidden, ...))
+    loose: tuple[str, ...] = ()  # modules outside the blocks with parameters of no role above (BLOOM's embedding norm)
     head_dim: int = 0
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mlp_in", tuple(self.mlp_in))
         object.__setattr__(self, "dense_blocks", tuple(self.dense_blocks))
+        object.__setattr__(self, "loose", tuple(self.loose))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -103,7 +104,9 @@ def load_training_state(pm: PlannedModule, path: str | os.PathLike) -> tuple[int
     check_model_matches(_global_shapes(model_sd), saved, path)
     rng_key = str(_rank()) if f"train.rng.{_rank()}.cpu" in saved else "0"  # a new rank takes rank 0's
     rng = {kind: t for kind, t in _rng_state().items() if f"train.rng.{rng_key}.{kind}" in saved}
-    state = {"model": model_sd, "optim": optim_sd, "train": {"step": 0, "rng": {rng_key: rng}}}
+    read_as = _tied_optimizer_keys(pm.module, optim_sd, saved)
+    optim_read = {read_as.get(key, key): value for key, value in optim_sd.items()}
+    state = {"model": model_sd, "optim": optim_read, "train": {"step": 0, "rng": {rng_key: rng}}}
     if "train.data.position" in saved:
         state["train"]["data"] = {"position": 0}
     try:
@@ -111,6 +114,8 @@ def load_training_state(pm: PlannedModule, path: str | os.PathLike) -> tuple[int
     except dcp.api.CheckpointException as exc:  # raised on every rank, with every rank's failure
         raise DamagedCheckpointError(f"the checkpoint {path} verified but cannot be read: {_first_line(exc)}; "
                                      "an older checkpoint may load") from exc
+    # tensors were filled in place; a scalar (a param group's lr) was set in optim_read only
+    optim_sd.update({key: optim_read[read_as.get(key, key)] for key in optim_sd})
     for sd, entries in zip((model_sd, optim_sd), originals):
         sd.update(entries)  # the parameters themselves, which the views above filled
     set_state_dict(pm.module, _local_optimizer(pm.optimizer), model_state_dict=model_sd,
@@ -119,6 +124,21 @@ def load_training_state(pm: PlannedModule, path: str | os.PathLike) -> tuple[int
     _set_rng_state(state["train"]["rng"][rng_key])
     data = state["train"].get("data")
     return int(state["train"]["step"]), None if data is None else int(data["position"])
+
+
+def _tied_optimizer_keys(module: nn.Module, optim_sd: dict[str, Any], saved: dict[str, Any]) -> dict[str, str]:
+    """Optimizer entries of a tied head's copy on a pipeline's last stage (``LocalStages.tied_copies``) that the
+    checkpoint holds under the embedding's name only (a plan without pp steps the tied weight once, under its
+    first name) -> the key they are read from: the copy starts from the state of the weight it copies."""
+    read_as = {}
+    for copy, first in getattr(module, "tied_copies", {}).items():
+        for key in optim_sd:
+            for head in ("state.", "param_groups."):
+                if key.startswith(f"{head}{copy}."):
+                    other = f"{head}{first}.{key[len(head) + len(copy) + 1:]}"
+                    if f"optim.{key}" not in saved and f"optim.{other}" in saved:
+                        read_as[key] = other
+    return read_as
 
 
 def is_complete(path: str | os.PathLike) -> bool:

@@ -9,7 +9,8 @@ process would compute, whatever the plan holds where:
   cannot mix meshes (torchtitan groups the same way);
 - plain gradients (DDP, ZeRO-1) are whole and the same on every dp rank: counted once;
 - expert parallelism: each ep rank holds other experts, so their squared norms add over the ep group;
-- pipeline parallelism: each pp rank holds other stages, so everything adds over the pp group.
+- pipeline parallelism: each pp rank holds other stages, so everything adds over the pp group, except the
+  last stage's copy of a head tied to the embedding (``copies``), which the first stage counts.
 
 Then every gradient is scaled by ``max_norm / (norm + 1e-6)`` if that is below 1, as
 ``torch.nn.utils.clip_grad_norm_`` does. ``install_clipping`` runs it as an optimizer step pre-hook,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
@@ -28,17 +30,20 @@ from torch.distributed.tensor import DTensor
 
 from ..ir import PlanError
 from .expert import expert_shard_groups
+from .materialize import clean_name
 
 EPS = 1e-6  # as torch.nn.utils.clip_grads_with_norm_
 
 
-def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """The 2-norm of every gradient of ``module`` over every rank (a collective; the same on every rank)."""
+def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = None,
+                     copies: Collection[str] = ()) -> torch.Tensor:
+    """The 2-norm of every gradient of ``module`` over every rank (a collective; the same on every rank).
+    ``copies``: names of parameters another stage holds too (``pipeline.TiedWeights.copies``), counted there."""
     ep_groups = expert_shard_groups(module)
     by_mesh: dict[tuple, list[torch.Tensor]] = defaultdict(list)  # (ep group, mesh) -> DTensor grads
     plain: dict[object, list[torch.Tensor]] = defaultdict(list)  # ep group -> plain grads
-    for param in module.parameters():
-        if param.grad is None:
+    for name, param in module.named_parameters():
+        if param.grad is None or clean_name(name) in copies:
             continue
         group = ep_groups.get(id(param))
         if isinstance(param.grad, DTensor):
@@ -62,10 +67,12 @@ def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = Non
     return total.sqrt()
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, pp_group: dist.ProcessGroup | None = None) -> float:
+def clip_grad_norm_(module: nn.Module, max_norm: float, pp_group: dist.ProcessGroup | None = None,
+                    copies: Collection[str] = ()) -> float:
     """Scale ``module``'s gradients so that their global 2-norm is at most ``max_norm``; returns the
-    norm before clipping (the same on every rank). A collective."""
-    norm = float(global_grad_norm(module, pp_group))
+    norm before clipping (the same on every rank). A collective. ``copies``: as ``global_grad_norm``'s (a
+    tied head's copy is scaled like the weight it copies, and counted once)."""
+    norm = float(global_grad_norm(module, pp_group, copies))
     coef = max_norm / (norm + EPS)
     if coef < 1.0 and math.isfinite(norm):
         with torch.no_grad():
@@ -86,9 +93,10 @@ def install_clipping(pm, max_norm: float) -> None:
     norm is kept in ``pm.last_grad_norm``."""
     check_max_norm(max_norm)
     pp_group = pm.pipeline.group if pm.pipeline is not None else None
+    copies = pm.pipeline.tied.copies if pm.pipeline is not None else {}
 
     def clip(optimizer, args, kwargs) -> None:  # noqa: ARG001 - the hook's signature
-        pm.last_grad_norm = clip_grad_norm_(pm.module, max_norm, pp_group)
+        pm.last_grad_norm = clip_grad_norm_(pm.module, max_norm, pp_group, copies)
 
     pm.optimizer.register_step_pre_hook(clip)
 

@@ -196,16 +196,29 @@ def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
     groups = expert_shard_groups(model)  # parameters expert parallelism cut to this ep rank's experts
     live = {clean_name(n): p for n, p in model.named_parameters()}
     ep = {name: groups[id(p)] for name, p in live.items() if id(p) in groups}
+    aliases = _aliases(init.reference)
     with torch.no_grad():
         for name, full in replay(init):
-            target = live.get(name)
-            if target is not None:
-                _copy_local(full, target, ep.get(name))
+            if name not in aliases:  # another name of a tied weight: its value is the first name's
+                continue
+            for holder in aliases[name]:  # a pipeline's last stage holds a tied head's copy by its own name
+                target = live.get(holder)
+                if target is not None:
+                    _copy_local(full, target, ep.get(holder))
         ref_buffers = dict(init.reference.named_buffers())
         for name, buf in model.named_buffers():
             src = ref_buffers.get(clean_name(name))
             if src is not None:
                 buf.copy_(src)
+
+
+def _aliases(reference: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each parameter's first name -> all its names (a tied weight has several: ``transformer.wte.weight``
+    and ``lm_head.weight``); the names after the first are not keys."""
+    names: dict[int, list[str]] = {}
+    for name, p in reference.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {group[0]: tuple(group) for group in names.values()}
 
 
 def tied_parameters(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:

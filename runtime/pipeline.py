@@ -24,6 +24,11 @@ compare with a single-process run and checkpoints do not depend on the plan. tor
 models it wrote to accept missing parts (``pipeline_module_split``); this split takes any model
 whose forward passes the residual stream from block to block, and checks that it does.
 
+A head tied to the token embedding (GPT-2, Gemma, Llama 3.2 1B) is one parameter the first and the last
+stage both need: each holds it (the first as the embedding, the last as the head, under its own name), as
+Megatron-LM holds a tied output layer on its last stage, and ``TiedWeights`` sums the two copies' gradients
+after every backward, so that both take the same optimizer step from the same start.
+
 Later steps (TP, recompute, FSDP/DDP) apply to the stage that holds the module they name
 (``run_on_stages``). One training step (``run_schedule``): the schedule splits this dp rank's batch
 into ``num_microbatches``, runs them through the stages with the loss on the last stage, sums the
@@ -40,12 +45,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..codegen import Program, SplitPipeline
 from ..codegen.pipeline_lower import SCHEDULE_CLASSES
 from ..ir import InvalidPlanError
-from .materialize import INIT_ATTR
+from .materialize import INIT_ATTR, clean_name
 
 
 class StageDone(Exception):
@@ -89,12 +95,13 @@ class Handoff(Absent):
     and of the token embedding on a stage that holds block 0 but not the embedding (the first stage held
     the embedding alone, as Megatron's uneven layouts do)."""
 
-    def __init__(self, path: str, stage: "Stage") -> None:
+    def __init__(self, path: str, stage: "Stage", as_tuple: bool = False) -> None:
         super().__init__(path)
         object.__setattr__(self, "_stage", stage)  # not a submodule: the stage holds this one
+        self.as_tuple = as_tuple  # in place of a block that returns (hidden_states, ...) (ModelStructure.block_tuple)
 
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._stage.incoming
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor]:
+        return (self._stage.incoming,) if self.as_tuple else self._stage.incoming
 
 
 class NoPosition(Absent):
@@ -167,13 +174,13 @@ class Stage(nn.Module):
 
     def __init__(self, model: nn.Module, first: int, last: int, *, blocks: str, num_blocks: int,
                  first_parts: tuple[str, ...], last_parts: tuple[str, ...], embeds: bool, projects: bool,
-                 seq_factor: int = 1, call_kwargs: dict[str, Any] | None = None) -> None:
+                 seq_factor: int = 1, call_kwargs: dict[str, Any] | None = None, block_tuple: bool = False) -> None:
         super().__init__()
         owned: set[int] = set()
         root = model
         for i in [*range(first), *range(last, num_blocks)]:
             path = f"{blocks}.{i}"
-            stand_in = (Handoff(path, self) if i < first else
+            stand_in = (Handoff(path, self, block_tuple) if i < first else
                         StopBlock(path) if i == last and not projects else Absent(path))
             root = _put(root, path, stand_in, owned)
         for k, path in enumerate(first_parts if not embeds else ()):  # the token embedding, then positions
@@ -188,6 +195,9 @@ class Stage(nn.Module):
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
         _carry_model_attrs(self, model)  # a meta-built model's init: how to fill what this stage holds
         self.first, self.last, self.embeds, self.projects = first, last, embeds, projects
+        # the last stage's copy of a head tied to the embedding, under its own name -> the embedding's name
+        self.tied_copies = {} if embeds or not projects else {
+            copy: embedding for embedding, copy in tied_across(model, tuple(first_parts), tuple(last_parts))}
         self.parts = (blocks, tuple(first_parts), tuple(last_parts))
         self.seq_factor, self.call_kwargs = seq_factor, dict(call_kwargs or {})
         self.incoming: torch.Tensor | None = None
@@ -248,6 +258,8 @@ class LocalStages(nn.Module):
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
         object.__setattr__(self, "_stages", inner)
         _carry_model_attrs(self, inner[0])
+        # a tied head's copy this rank holds (``Stage.tied_copies``): read from a checkpoint as the embedding
+        self.tied_copies = {name: first for s in inner for name, first in getattr(s, "tied_copies", {}).items()}
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "LocalStages":
         """``to_empty``/``to`` go through each stage: a stage FSDP2 shards re-points its sharded
@@ -269,6 +281,7 @@ class Pipeline:
     stage_ids: tuple[int, ...]
     modules: list[nn.Module]  # one per stage id, as the later steps wrapped it
     group: dist.ProcessGroup
+    tied: TiedWeights  # weights the first and the last stage both hold (a tied head)
     schedule: Any = None
 
     @property
@@ -284,11 +297,13 @@ def split_pipeline(step: SplitPipeline, state: Any) -> None:
             raise InvalidPlanError(f"pipeline parallelism splits the model at {path!r}, but {type(model).__name__} "
                                    "has no such module; plan this model (meshplan reads its structure), or pp=1")
     _check_parts(model, step)
+    tied = TiedWeights(model, state.mesh, step.mesh_axis, step.first_parts, step.last_parts)
     pp_rank = state.mesh.get_local_rank(step.mesh_axis)
     ids = tuple(range(pp_rank, len(step.stages), step.pp_size))
     last = len(step.stages) - 1
     modules = [Stage(model, *step.stages[c], **step.stage_parts(), embeds=c == 0, projects=c == last) for c in ids]
-    state.pipeline = Pipeline(split=step, stage_ids=ids, modules=modules, group=state.mesh[step.mesh_axis].get_group())
+    state.pipeline = Pipeline(split=step, stage_ids=ids, modules=modules, group=state.mesh[step.mesh_axis].get_group(),
+                              tied=tied)
     state.model = LocalStages(modules)
 
 
@@ -299,8 +314,8 @@ def held(stage: Stage, layers: Any) -> list[int]:
 
 def _check_parts(model: nn.Module, step: SplitPipeline) -> None:
     """Every parameter belongs to a block, an embedding, the final norm or the head, so that exactly one
-    stage holds it; a parameter elsewhere (a root-level scale) or shared across stages (a head tied to
-    the embedding) is refused by name."""
+    stage holds it, or it is a weight the first and the last stage share (``tied_across``); a parameter
+    elsewhere (a root-level scale) or shared otherwise (a block's weight reused by the head) is refused by name."""
     parts = [f"{step.blocks}.{i}" for i in range(step.stages[-1][1])]
     stage_of = {p: "first" for p in step.first_parts} | {p: "last" for p in step.last_parts}
     owners: dict[int, str] = {}
@@ -310,9 +325,61 @@ def _check_parts(model: nn.Module, step: SplitPipeline) -> None:
             raise InvalidPlanError(f"pipeline parallelism: parameter {name!r} is outside the blocks, embeddings, final "
                                    "norm and head, so no one stage can hold it; plan this model with pp=1")
         other = owners.setdefault(id(param), part)
-        if other != part and (stage_of.get(other) is None or stage_of.get(other) != stage_of.get(part)):
-            raise InvalidPlanError(f"pipeline parallelism: parameter {name!r} is the same tensor as one in {other!r} "
-                                   "(a head tied to the embedding), which another stage holds; plan with pp=1")
+        if other != part and {stage_of.get(other), stage_of.get(part)} - {"first", "last"}:
+            raise InvalidPlanError(f"pipeline parallelism: parameter {name!r} is the same tensor as one in {other!r}, "
+                                   "which another stage holds; only the first and the last stage may share a weight "
+                                   "(a head tied to the embedding): plan this model with pp=1")
+
+
+def tied_across(model: nn.Module, first_parts: tuple[str, ...],
+                last_parts: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(name on the first stage, name on the last) of each weight both hold: a head tied to the token
+    embedding (GPT-2, Gemma, Llama 3.2 1B). Read from the whole model, so every rank finds the same."""
+    first: dict[int, str] = {}
+    pairs = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if any(name.startswith(p + ".") for p in first_parts):
+            first.setdefault(id(param), name)
+        elif id(param) in first and any(name.startswith(p + ".") for p in last_parts):
+            pairs.append((first[id(param)], name))
+    return tuple(pairs)
+
+
+class TiedWeights:
+    """The weights the first and the last pipeline stage both hold (``tied_across``), as Megatron-LM keeps a
+    tied output layer: each end stage holds a copy, both start equal (``materialize`` fills the copy from
+    the embedding's values), and after every backward the two copies' gradients are summed over the group
+    of the two ranks holding them (Megatron's ``_allreduce_word_embedding_grads``), so both take the same
+    optimizer step and stay the one weight a single process trains. A rank holding neither end stage, or
+    a model with no such weight, does nothing. Built on every rank (the groups are created collectively).
+
+    ``copies``: this rank's copy names (the last stage's) -> the first stage's name, which gradient clipping
+    counts once and ``full_parameters`` reports under the embedding's name."""
+
+    def __init__(self, model: nn.Module, mesh: Any, axis: str, first_parts: tuple[str, ...],
+                 last_parts: tuple[str, ...]) -> None:
+        self.pairs = tied_across(model, tuple(first_parts), tuple(last_parts))
+        self.group: dist.ProcessGroup | None = None
+        if self.pairs:
+            dim = mesh.mesh_dim_names.index(axis)
+            ranks = mesh.mesh.movedim(dim, -1).reshape(-1, mesh.mesh.shape[dim])
+            # one group per pp line: the ranks of its first and last stage (stage c runs on pp rank c % pp)
+            self.group, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in ranks])
+        self.copies = {last: first for first, last in self.pairs}
+
+    def all_reduce_grads(self, local: nn.Module) -> None:
+        """Sum each tied weight's gradient over its two copies (a collective of the end-stage ranks)."""
+        if self.group is None:
+            return
+        params = {clean_name(n): p for n, p in local.named_parameters()}
+        for first, last in self.pairs:
+            param = params.get(first, params.get(last))
+            if param is None:  # this rank holds neither end stage
+                continue
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grad = param.grad
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.group)
 
 
 def holds(module: nn.Module, path: str) -> bool:
@@ -362,6 +429,7 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
     args = (inputs.to(device),) if pipe.holds_first else ()  # later stages receive activations
     # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
     pipe.schedule.step(*args, target=targets.to(device), losses=losses, return_outputs=False)
+    pipe.tied.all_reduce_grads(LocalStages(pipe.modules))  # a tied head's two copies: one gradient
     loss_sum = torch.zeros((), device=device)
     for loss in losses:
         loss_sum += loss.detach()
@@ -371,11 +439,14 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
 
 def full_parameters(local: nn.Module, pipe: Pipeline) -> dict[str, torch.Tensor]:
     """Every parameter of the whole model as a whole tensor, on every rank: each rank gathers its
-    stages' shards (over dp and tp), then the pp ranks exchange their stages. A collective."""
+    stages' shards (over dp and tp), then the pp ranks exchange their stages. A collective. A tied head's
+    copy on the last stage is reported under the embedding's name, as the one-process model names the weight
+    (the last pp rank's entry is the one kept)."""
     own = {}
     for name, param in local.named_parameters():
         full = param.full_tensor() if hasattr(param, "full_tensor") else param
-        own[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().cpu()
+        name = clean_name(name)
+        own[pipe.tied.copies.get(name, name)] = full.detach().cpu()
     parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pipe.group)
     dist.all_gather_object(parts, own, group=pipe.group)
     return {name: tensor for part in parts for name, tensor in part.items()}

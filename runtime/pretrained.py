@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from .checkpoint import SHOWN, CheckpointError, _global_shapes, _shape, _show_experts_whole
+from .materialize import clean_name
 
 if TYPE_CHECKING:
     from .planned import PlannedModule
@@ -62,7 +64,11 @@ def saved_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 def check_pretrained(model: Any, path: str | os.PathLike) -> None:
     """``check_names_and_shapes`` of a whole (unsharded, possibly meta) model against ``path``, in one
     process: what ``meshplan run`` checks before it starts any worker."""
-    check_names_and_shapes({name: tuple(t.shape) for name, t in model.state_dict().items()}, saved_shapes(path), path)
+    saved = saved_shapes(path)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name in tied_names(model, shapes, saved):
+        del shapes[name]
+    check_names_and_shapes(shapes, saved, path)
 
 
 def load_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
@@ -80,10 +86,31 @@ def load_pretrained_into(module: nn.Module, path: str | os.PathLike) -> None:
     model_sd = get_model_state_dict(module)
     # _show_experts_whole reads only the sharded module of a PlannedModule
     originals, _ = _show_experts_whole(SimpleNamespace(module=module), model_sd, {})
-    check_names_and_shapes(_global_shapes(model_sd), saved, path)
-    dcp.load(model_sd, storage_reader=reader)
+    load_sd = dict(model_sd)
+    for name, first in tied_names(module, model_sd, saved).items():  # DCP fills in place: model_sd sees it
+        tensor = load_sd.pop(name)
+        load_sd.setdefault(first, tensor)
+    check_names_and_shapes(_global_shapes(load_sd), saved, path)
+    dcp.load(load_sd, storage_reader=reader)
     model_sd.update(originals)  # the expert parameters themselves, which the views above filled
     set_model_state_dict(module, model_sd)
+
+
+def tied_names(module: nn.Module, names: Collection[str], saved: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """(other name -> first name) of each tied weight among the model's ``names`` that the checkpoint holds
+    under its first name only.
+
+    transformers writes a tied weight once, under its first name (``model.embed_tokens.weight``; Gemma, GPT-2,
+    Llama 3.2 1B), while the model's state dict names it twice: the second name is read as the first, where
+    this rank holds both (one tensor) or only the copy (a pipeline's last stage: ``pipeline.TiedWeights``,
+    whose copies ``LocalStages.tied_copies`` lists). A checkpoint with both names (one this package wrote)
+    is read as it is."""
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(clean_name(name))
+    tied = {other: group[0] for group in groups.values() for other in group[1:]}
+    tied.update(getattr(module, "tied_copies", {}))
+    return {name: first for name, first in tied.items() if name in names and name not in saved and first in saved}
 
 
 def save_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:

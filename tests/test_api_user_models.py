@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import meshplan as mp
-from meshplan import ir, zoo
+from meshplan import frontend, ir, zoo
 from meshplan.runtime import source as sources
 
 import user_models
@@ -196,19 +196,35 @@ def test_a_block_the_intra_op_program_cannot_split_gets_megatron_s_split_on_its_
                   "up_proj": "S(0)", "down_proj": "S(1)"}, tp
 
 
+def test_blocks_returning_tuples_and_parameters_of_no_role_are_found() -> None:
+    """Falcon's blocks return (hidden_states, ...): recorded, so a pipeline stage hands its activation on alike.
+    BLOOM normalizes the embedding's output with a module of its own, which no pipeline stage is known to hold:
+    pp is not offered, and a pp pin is refused naming it (a run would stop in its workers)."""
+    import meshplan as mp
+
+    with torch.device("meta"):
+        falcon = sources.build({"kind": "hf", "class": "FalconForCausalLM", "config": user_models.hf_falcon_config()})
+        bloom = sources.build({"kind": "hf", "class": "BloomForCausalLM", "config": user_models.hf_bloom_config()})
+    found = frontend.trace(falcon, batch=2, seq_len=16).structure
+    assert found.block_tuple and found.tied_head and found.loose == ()
+    assert frontend.trace(bloom, batch=2, seq_len=16).structure.loose == ("transformer.word_embeddings_layernorm",)
+    words = ("fixed: pp=2, but pipeline parallelism is not offered: 'transformer.word_embeddings_layernorm' holds "
+             "parameters outside the blocks")
+    with pytest.raises(ir.PlanError, match=re.escape(words)):
+        mp.autoparallelize(bloom, "cpu:1x4", global_batch=8, seq_len=32, fixed={"pp": 2})
+
+
 def test_a_pin_the_model_rules_out_is_refused_with_the_model_s_reason() -> None:
-    """GPT-2 ties its head (no pp) and its attention returns a tuple while tp keeps it whole (no sp): pinning either
-    names that reason, where the search said "the runtime cannot execute pp yet" and, for sp, planned it anyway
-    (its workers then died in torch's PrepareModuleInput)."""
+    """GPT-2's attention returns a tuple while tp keeps it whole (no sp): pinning sp names that reason, where the
+    search planned it anyway (its workers then died in torch's PrepareModuleInput). Its tied head no longer rules
+    out pp: the first and the last stage each hold a copy (runtime.pipeline.TiedWeights)."""
     import meshplan as mp
 
     with torch.device("meta"):
         module = sources.build({"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()})
-    for pin, words in (({"pp": 2}, "fixed: pp=2, but pipeline parallelism is not offered: the output head 'lm_head' "
-                                   "is tied"),
-                       ({"tp": 2, "sp": True}, "fixed: sp=True, but sequence parallelism is not offered: attention "
-                                               "('attn') is kept whole")):
-        with pytest.raises(ir.PlanError, match=re.escape(words)):
-            mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed=pin)
+    words = "fixed: sp=True, but sequence parallelism is not offered: attention ('attn') is kept whole"
+    with pytest.raises(ir.PlanError, match=re.escape(words)):
+        mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2, "sp": True})
+    assert mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"pp": 2}).mesh.pp == 2
     plan = mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2, "sp": False})
     assert plan.mesh.tp == 2 and not plan.sequence_parallel

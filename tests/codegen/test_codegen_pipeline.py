@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_codegen_lower import plan
-from test_codegen_run import _losses, _reference
+from test_codegen_run import _losses, _reference, _torchrun
 
 from meshplan import ir, zoo
 from meshplan.codegen import FullyShard, SplitPipeline, StyleKind, TensorParallel, emit_source, lower
@@ -89,7 +89,8 @@ def test_script_builds_stages_and_the_schedule() -> None:
     assert ("stage_modules = [parallelize(Stage(model, *stage_layers[c], embeds=c == 0, "
             "projects=c == last_stage,") in src
     assert ('stage_parts = {"blocks": "layers", "num_blocks": 6, "first_parts": ("embed.tok",), '
-            '"last_parts": ("norm", "output"), "seq_factor": 2, "call_kwargs": {}}') in src
+            '"last_parts": ("norm", "output"), "seq_factor": 2, "call_kwargs": {}, "block_tuple": False}') in src
+    assert "    tied = TiedWeights(model, mesh" in src and "        tied.all_reduce_grads(model)  #" in src
     assert "model = materialized(LocalStages(stage_modules), mesh)" in src  # built on meta, each rank its shards
     assert "        stages, n_microbatches=NUM_MICROBATCHES, loss_fn=token_cross_entropy)" in src
     assert ('    if holds(model, "embed.tok"):  # only the stage that holds it\n'
@@ -136,3 +137,45 @@ def test_emitted_pp_dp_tp_script_matches_one_process(tmp_path) -> None:
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     losses = _losses(done.stdout)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(_reference("llama-tiny")), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_emitted_script_pipelines_a_tied_head(tmp_path) -> None:
+    """Hugging Face GPT-2 ties its head to the token embedding: pp=2 x dp=2 gives the first stage the embedding and
+    the last a copy of it as the head (runtime.pipeline.TiedWeights), built on meta and filled from the embedding's
+    values; after each backward the copies' gradients are summed. The emitted script on 4 gloo processes prints one
+    process's losses (AdamW; run with --clip-grad for the code path: under Adam a wrong norm barely shows, so that
+    clipping counts the weight once is checked with SGD in test_runtime_pretrained)."""
+    pytest.importorskip("transformers")
+    import meshplan as mp
+    import user_models
+    from meshplan.runtime.planned import logits_of, token_cross_entropy
+    from meshplan.runtime.source import build
+    from meshplan.runtime.train import synthetic_batch
+
+    source = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
+    with torch.device("meta"):
+        meta = build(source)
+    plan = mp.autoparallelize(meta, "cpu:1x4", global_batch=8, seq_len=16,
+                              fixed={"pp": 2, "dp": 2, "tp": 1, "cp": 1, "zero": 2, "micro_batch": 2,
+                                     "num_microbatches": 2, "recompute": "none"}, dtype="float32")
+    assert plan.structure["tied_head"] and plan.mesh.pp == 2
+    src = emit_source(plan)
+    assert 'tied = TiedWeights(model, mesh, "pp", stage_parts["first_parts"], stage_parts["last_parts"])' in src
+    path = tmp_path / "train_tied.py"
+    path.write_text(src)
+    clip = 0.5
+    losses = _losses(_torchrun([str(path), "--clip-grad", str(clip)], tmp_path))
+    torch.manual_seed(0)
+    net = build(source)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    want = []
+    for step in range(1, len(losses) + 1):
+        x, y = synthetic_batch(plan.model["vocab"], 8, 16, 0, step)
+        loss = token_cross_entropy(logits_of(net(x, use_cache=False)), y)
+        loss.backward()
+        assert torch.nn.utils.clip_grad_norm_(net.parameters(), clip) > clip  # the case clips
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), atol=1e-5, rtol=1e-5)

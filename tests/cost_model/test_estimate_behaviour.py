@@ -188,3 +188,34 @@ def test_pipeline_traffic_crosses_nodes_when_stages_do(make_graph, make_plan, ma
     act = 2048 * 4096 * 2
     assert pred.comm_bytes["pp"] == pytest.approx(16 * 2 * act)
     assert collective_time("send-recv", act, 2, 8, cluster) > collective_time("send-recv", act, 2, 1, cluster)
+
+
+def test_a_tied_head_costs_the_last_stage_a_copy_and_an_all_reduce(make_graph, make_plan, make_gpt) -> None:
+    """A head tied to the embedding (one table fewer in the graph's total): under pp the last stage holds a copy of
+    the table, as an untied head's stage holds its own, and the two copies' gradients are all-reduced between
+    the end stages once a step; without pp the model holds the table once."""
+    from meshplan.cost_model.data_parallel import rank_params
+    from meshplan.cost_model.memory import STATE_BYTES
+    from meshplan.cost_model.pipeline import RankLayers
+
+    cfg = make_gpt(8, 2048, 16, vocab=256000)
+    cluster = Cluster.preset("h100-sxm", nodes=2)
+    untied = make_graph(cfg)
+    table = cfg.vocab * cfg.hidden
+    tied = dataclasses.replace(untied, params=(ir.Param(name="all", shape=(untied.param_count - table,)),))
+    assert summary_of(tied).tied_params == table and summary_of(untied).tied_params == 0
+    piped = make_plan(cfg, cluster, global_batch=16, seq_len=2048, pp=2, dp=8)
+    a, b = estimate(untied, cluster, piped), estimate(tied, cluster, piped)
+    assert b.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=1e-6)
+    last, ends = RankLayers(rank=1, none=4, last=True), RankLayers(rank=0, none=4, first=True, last=True)
+    held = {name: rank_params(summary_of(g), last, 1, 1, expert_tp=True).dense
+            for name, g in (("a", untied), ("b", tied))}
+    assert held["b"] == pytest.approx(held["a"]) and held["b"] > 4 * summary_of(tied).layer_params + 0.99 * table
+    assert rank_params(summary_of(tied), ends, 1, 1, expert_tp=True).dense < rank_params(
+        summary_of(untied), ends, 1, 1, expert_tp=True).dense - 0.99 * table  # one stage: the table once
+    all_reduce = collective_time("all-reduce", table * STATE_BYTES["bfloat16"][1], 2, 8, cluster)
+    assert all_reduce > 0
+    assert b.time_s["exposed_comm"] - a.time_s["exposed_comm"] == pytest.approx(all_reduce, rel=1e-6)
+    whole = make_plan(cfg, cluster, global_batch=16, seq_len=2048, dp=16)
+    params = {g: estimate(g, cluster, whole).memory_bytes["params"] for g in (tied, untied)}
+    assert params[tied] < params[untied]

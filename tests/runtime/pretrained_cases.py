@@ -47,7 +47,7 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         plan = ir.Plan.from_json(case["plan"])
         torch.manual_seed(OTHER_SEED)
         pm = apply(plan, build(plan.source), optimizer=_optimizer(case))
-        pm.load_pretrained(payload["checkpoint"])
+        pm.load_pretrained(case.get("checkpoint", payload["checkpoint"]))
         out = outdir / f"saved-{case['name'].replace(' ', '-')}"
         pm.save_pretrained(str(out))
         result = _step(pm, case, plan.model["vocab"])

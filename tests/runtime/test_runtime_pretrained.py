@@ -30,6 +30,7 @@ import user_models  # noqa: E402
 from checkpoint_cases import plan_for  # noqa: E402
 from meshplan import zoo  # noqa: E402
 from meshplan.runtime.planned import token_cross_entropy  # noqa: E402
+from meshplan.runtime.pretrained import saved_shapes  # noqa: E402
 from meshplan.runtime.source import build  # noqa: E402
 from meshplan.runtime.train import synthetic_batch  # noqa: E402
 from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, make_plan, run_ranks  # noqa: E402
@@ -42,20 +43,30 @@ PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")
 HF_CASES = {"dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
             "zero3 dp4": dict(dp=4, tp=1, zero=3, micro_batch=2, num_microbatches=1),
             # pipeline stages cut from HF's own modules, one decoder layer each: each stage loads its own tensors
-            "pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2)}
+            "pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
+            # a head tied to the embedding (Llama 3.2 1B, Gemma, GPT-2): transformers writes the weight once, under the
+            # embedding's name; one process reads it into both names (one tensor), and under pp the last stage reads
+            # it into its copy of the head (runtime.pipeline.TiedWeights), which clipping counts once
+            "tied dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+            "tied pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=2, micro_batch=2, num_microbatches=2)}
+HF_TIED = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict(pp=2, dp=2, nmb=2)),
              "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3))}
 
 
+def _tied(name: str) -> bool:
+    return name.startswith("tied")
+
+
 @functools.cache
-def _hf_model() -> torch.nn.Module:
+def _hf_model(tied: bool = False) -> torch.nn.Module:
     """Built once on meta: each plan of it after the first reuses its trace (api._traced)."""
     with torch.device("meta"):
-        return build(HF_LLAMA)
+        return build(HF_TIED if tied else HF_LLAMA)
 
 
-def _hf_plan(**fixed) -> mp.Plan:
-    return mp.autoparallelize(_hf_model(), "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+def _hf_plan(tied: bool = False, **fixed) -> mp.Plan:
+    return mp.autoparallelize(_hf_model(tied), "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
                               fixed={**PINS, **fixed})
 
 
@@ -65,18 +76,24 @@ def _zoo_plan(model: str, mesh: dict) -> str:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict:
-    """The checkpoints transformers writes: the model the ranks load, and one of another size."""
+    """The checkpoints transformers writes: the models the ranks load (untied and tied), and one of another size."""
     tmp = tmp_path_factory.mktemp("hf")
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(LlamaConfig(**user_models.hf_llama_config()))
     model.save_pretrained(tmp / "llama")
     LlamaForCausalLM(LlamaConfig(**{**user_models.hf_llama_config(), "intermediate_size": 96})).save_pretrained(tmp / "other")
-    return {"dir": tmp / "llama", "other": tmp / "other", "tensors": {k: v.clone() for k, v in model.state_dict().items()}}
+    tied = LlamaForCausalLM(LlamaConfig(**HF_TIED["config"]))
+    tied.save_pretrained(tmp / "tied")
+    assert "lm_head.weight" not in saved_shapes(tmp / "tied")  # transformers writes a tied weight once
+    return {"dir": tmp / "llama", "other": tmp / "other", "tied": tmp / "tied",
+            "tensors": {k: v.clone() for k, v in model.state_dict().items()},
+            "tied tensors": {k: v.clone() for k, v in tied.state_dict().items()}}
 
 
 @pytest.fixture(scope="module")
 def ranks(saved, tmp_path_factory) -> list[dict]:
-    hf = [{"name": f"{name}{' clip' if clip else ''}", "plan": _hf_plan(**fixed).to_json(), "clip": clip}
+    hf = [{"name": f"{name}{' clip' if clip else ''}", "plan": _hf_plan(_tied(name), **fixed).to_json(), "clip": clip,
+           "checkpoint": str(saved["tied" if _tied(name) else "dir"])}
           for name, fixed in HF_CASES.items() for clip in (False, True)]
     zoo_cases = [{"name": name, "model": model, "save_plan": _zoo_plan(model, save), "load_plan": _zoo_plan(model, load),
                   "clip": True} for name, (model, save, load) in ZOO_CASES.items()]
@@ -86,10 +103,10 @@ def ranks(saved, tmp_path_factory) -> list[dict]:
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(4)]
 
 
-def _hf_reference(saved: dict, clip: bool) -> tuple[float, float | None, dict[str, torch.Tensor]]:
+def _hf_reference(saved: dict, clip: bool, tied: bool = False) -> tuple[float, float | None, dict[str, torch.Tensor]]:
     """transformers' own model, loaded from the checkpoint: the first loss, and with ``clip`` the
     gradient norm and the parameters after one clipped SGD step."""
-    model = LlamaForCausalLM.from_pretrained(saved["dir"], torch_dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(saved["tied" if tied else "dir"], torch_dtype=torch.float32)
     x, y = synthetic_batch(model.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
     loss = token_cross_entropy(model(input_ids=x, use_cache=False).logits, y)
     norm, params = _clipped_step(model, loss) if clip else (None, {})
@@ -113,13 +130,13 @@ def _assert_params(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], 
 
 @pytest.mark.parametrize("name", list(HF_CASES))
 def test_a_transformers_checkpoint_loads_sharded_and_gives_transformers_loss(saved, ranks, name) -> None:
-    ref_loss, _, _ = _hf_reference(saved, clip=False)
+    ref_loss, _, _ = _hf_reference(saved, clip=False, tied=_tied(name))
     got = [r[name] for r in ranks]
     assert all(g["loss"] == got[0]["loss"] for g in got)
     assert got[0]["loss"] == pytest.approx(ref_loss, abs=1e-4)
     # and not by chance: the model started from other weights (pretrained_cases.OTHER_SEED)
     torch.manual_seed(1234)
-    fresh = build(HF_LLAMA)
+    fresh = build(HF_TIED if _tied(name) else HF_LLAMA)
     x, y = synthetic_batch(fresh.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
     assert token_cross_entropy(fresh(input_ids=x, use_cache=False).logits, y).item() != pytest.approx(ref_loss, abs=1e-3)
 
@@ -130,17 +147,18 @@ def test_save_pretrained_gives_back_the_same_tensors(saved, ranks, name) -> None
     tensors = {}
     for file in sorted(out.glob("*.safetensors")):
         tensors.update(load_file(file))
-    assert sorted(tensors) == sorted(saved["tensors"])
-    for key, want in saved["tensors"].items():
+    want_tensors = saved["tied tensors" if _tied(name) else "tensors"]  # a tied weight under both its names
+    assert sorted(tensors) == sorted(want_tensors)
+    for key, want in want_tensors.items():
         assert torch.equal(tensors[key], want), key
     assert (out / "config.json").is_file() and not (out / "sharded").exists()
     again = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)  # transformers reads it back
-    assert torch.equal(again.model.embed_tokens.weight, saved["tensors"]["model.embed_tokens.weight"])
+    assert torch.equal(again.model.embed_tokens.weight, want_tensors["model.embed_tokens.weight"])
 
 
 @pytest.mark.parametrize("name", list(HF_CASES))
 def test_clipping_by_the_global_norm_matches_one_process(saved, ranks, name) -> None:
-    ref_loss, ref_norm, ref_params = _hf_reference(saved, clip=True)
+    ref_loss, ref_norm, ref_params = _hf_reference(saved, clip=True, tied=_tied(name))
     got = [r[f"{name} clip"] for r in ranks]
     assert all(g["norm"] == pytest.approx(got[0]["norm"], rel=1e-6) for g in got)  # every rank clips alike
     assert got[0]["norm"] == pytest.approx(ref_norm, rel=1e-5)

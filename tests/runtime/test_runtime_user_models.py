@@ -34,6 +34,16 @@ HF_GPT2 = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gp
 # GPT-2 ties its head to the token embedding; built on meta and materialized, under DDP (no FSDP unit re-points
 # the head at the embedding's parameter): the one process's model, one weight, not two
 META_TIED = "hf gpt2 dp2 x tp2 zero0, built on meta (tied head)"
+# a tied head under pipeline parallelism: the first stage holds the embedding, the last a copy of it as the head,
+# the two copies' gradients summed after each backward (runtime.pipeline.TiedWeights); built on meta, the copy is
+# filled with the embedding's values
+HF_LLAMA_4_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
+                   "config": user_models.hf_llama_config(num_hidden_layers=4, tie_word_embeddings=True)}
+META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
+META_BUILT = (META_TIED, META_TIED_PP)
+# Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
+# activation on as such a tuple (ModelStructure.block_tuple)
+HF_FALCON = {"kind": "hf", "class": "FalconForCausalLM", "config": user_models.hf_falcon_config()}
 # OPT reshapes q, k, v by its whole head count: the search keeps its attention whole over tp (frontend/head_split.py)
 HF_OPT = {"kind": "hf", "class": "OPTForCausalLM", "config": user_models.hf_opt_config()}
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
@@ -94,6 +104,11 @@ def plans() -> dict[str, mp.Plan]:
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         META_TIED: _plan(HF_GPT2, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
+        "hf gpt2 pp2 x dp2 zero2 (tied head)": _plan(HF_GPT2, pp=2, dp=2, tp=1, zero=2, micro_batch=2,
+                                                    num_microbatches=2),
+        META_TIED_PP: _plan(HF_LLAMA_4_TIED, pp=2, dp=2, tp=1, zero=3, vp=2, micro_batch=1, num_microbatches=4),
+        "hf falcon pp2 x dp2 (blocks return tuples)": _plan(HF_FALCON, pp=2, dp=2, tp=1, zero=0, micro_batch=2,
+                                                            num_microbatches=2),
         "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
@@ -108,13 +123,16 @@ def plans() -> dict[str, mp.Plan]:
 
 @pytest.fixture(scope="module")
 def ranks(plans, tmp_path_factory) -> list[dict]:
-    cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"], "meta": name == META_TIED}
+    cases = [{"name": name, "plan": plan.to_json(), "vocab": plan.model["vocab"], "meta": name in META_BUILT}
              for name, plan in plans.items()]
     mismatch = {"plan": plans["hf llama dp2 x tp2 (solver's layouts)"].to_json(), "source": HF_GPT2}
     eager = {**HF_LLAMA, "config": {**HF_LLAMA["config"], "attn_implementation": "eager"}}
     cp_eager = {"plan": plans["hf llama dp2 x cp2"].to_json(), "source": eager}
+    # a tied head's optimizer state, stepped once under ZeRO-3 (one weight), read by the pipeline's last stage
+    resume = {"save": _plan(HF_GPT2, dp=4, tp=1, zero=3, micro_batch=2, num_microbatches=1).to_json(),
+              "load": plans["hf gpt2 pp2 x dp2 zero2 (tied head)"].to_json(), "vocab": HF_GPT2["config"]["vocab_size"]}
     return launch(tmp_path_factory, 4, "user_model_cases:run_cases",
-                  {"cases": cases, "mismatch": mismatch, "cp_eager": cp_eager})
+                  {"cases": cases, "mismatch": mismatch, "cp_eager": cp_eager, "resume": resume})
 
 
 def test_the_search_splits_hugging_face_attention_under_sp(plans) -> None:
@@ -145,11 +163,20 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp",
                                   "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
-                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2"])
+                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2",
+                                  "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
+                                  "hf falcon pp2 x dp2 (blocks return tuples)"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
     assert_ranks_match(ranks, name, ref_losses, ref_params)
+
+
+def test_a_tied_head_resumes_under_pipeline_parallelism(ranks) -> None:
+    """GPT-2 saved under ZeRO-3 dp4 after one step, loaded under pp2 x dp2 into other weights: the last stage's
+    copy of the tied head takes the embedding's weights and AdamW state, and training goes on as one process."""
+    ref_losses, ref_params = user_model_cases.reference(HF_GPT2, HF_GPT2["config"]["vocab_size"])
+    assert_ranks_match(ranks, "resume", ref_losses, ref_params)
 
 
 def test_megatron_split_shards_the_users_attention(ranks) -> None:

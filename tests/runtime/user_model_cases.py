@@ -61,6 +61,19 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         params = pm.full_parameters()
         results[case["name"]] = {"losses": losses, "params": params if rank == 0 else None,
                                  "built": list(user_models.BUILT), "steps": pm.program.describe()}
+    if "resume" in payload:  # saved under one plan after a step, loaded under another into other weights
+        case = payload["resume"]
+        first, then = (ir.Plan.from_json(case[key]) for key in ("save", "load"))
+        pm = apply(first, build_seeded(first.source), optimizer=optimizer)
+        losses = [pm.step(*synthetic_batch(case["vocab"], GLOBAL_BATCH, SEQ_LEN, SEED, 1))]
+        pm.save(str(outdir / "resume"))
+        torch.manual_seed(SEED + 1)
+        pm = apply(then, build(then.source), optimizer=optimizer)
+        step = pm.load(str(outdir / "resume"))
+        losses += [pm.step(*synthetic_batch(case["vocab"], GLOBAL_BATCH, SEQ_LEN, SEED, s))
+                   for s in range(step + 1, STEPS + 1)]
+        params = pm.full_parameters()
+        results["resume"] = {"losses": losses, "params": params if rank == 0 else None}
     if "mismatch" in payload:  # a plan applied to another model than its own: refused before any step
         plan = ir.Plan.from_json(payload["mismatch"]["plan"])
         try:
