@@ -66,9 +66,10 @@ def _tp_imports(program: Program) -> list[str]:
     if not classes:
         return []
     names = sorted(classes) + ["parallelize_module"]
+    root = any(isinstance(step, TensorParallel) and step.module == "" for step in program.steps)
     return [f"from torch.distributed.tensor import {', '.join(sorted(placements))}",
             "from torch.distributed.tensor.parallel import (",
-            *_wrap(names, INDENT), ")"]
+            *_wrap(names, INDENT), ")"] + (["from meshplan.runtime.styles import kept_ties"] if root else [])
 
 
 def _wrap(items: list[str], pad: str, width: int = 100) -> list[str]:

@@ -70,7 +70,11 @@ def _tp_lines(step: TensorParallel, target: str) -> tuple[str, list[str]]:
             args.append(f"{key}={code}")
         path = safe.module_path(path, "a submodule of a TensorParallel plan")
         lines.append(f'{INDENT}{safe.string_literal(path)}: {safe.name(cls, "a tensor-parallel style")}({", ".join(args)}),')
-    return "parallelize", lines + ["})"]
+    lines.append("})")
+    if step.module == "":  # the root holds the embedding and the head: a tied weight stays one, split alike
+        lines = [f"with kept_ties({target}):  # a head tied to the embedding stays one weight (runtime/styles.py)"] + [
+            INDENT + line for line in lines]
+    return "parallelize", lines
 
 
 def _recompute_lines(step: Recompute, target: str) -> tuple[str, list[str]]:

@@ -113,7 +113,7 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
             replicated_sublayers(plan, cfg, layer)  # raises for a layout the styles cannot execute
         linears = s.tp_linears()
         split = (("heads", "kv_heads") if linears["attn"] else ()) + (("ffn_hidden",) if linears["mlp"] else ()) \
-            + (("vocab",) if s.head and not s.tied_head else ())
+            + (("vocab",) if s.head else ())
         for name in split:
             if cfg[name] % m.tp:
                 raise InvalidPlanError(f"tensor parallelism splits {name} over tp ranks, but "

@@ -70,9 +70,10 @@ def root_plan(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
 
     The token embedding is vocab-parallel (RowwiseParallel shards the table's rows). The output head
     is column-parallel over the vocabulary and keeps its logits sharded, ``S(-1)`` as a DTensor: the
-    loss is vocab-parallel (``runtime.loss``) and no rank holds whole logits. A head tied
-    to the embedding keeps both replicated: one parameter cannot be split by rows for one and by
-    columns for the other.
+    loss is vocab-parallel (``runtime.loss``) and no rank holds whole logits. A head tied to the
+    embedding is split alike: both shard the (vocab, h) table by its rows, ``S(0)``, as Megatron-LM's
+    output layer uses its vocab-parallel embedding's weight, and ``runtime.styles.kept_ties`` keeps it one
+    parameter.
 
     Where sequence parallelism cuts the stream to S(1): on the zoo's modules, at the embedding (a
     reduce-scatter; with a learned position embedding the sum is made whole, R, then cut by
@@ -105,15 +106,13 @@ def _cut_at_embedding(s: ModelStructure) -> bool:
 
 def _root_plan_cut_at_blocks(s: ModelStructure, sp: bool) -> tuple[tuple[str, TPStyle], ...]:
     plan: list[tuple[str, TPStyle]] = []
-    if s.embed and not s.tied_head:
+    if s.embed:
         plan.append((s.embed, TPStyle(kind=StyleKind.ROWWISE, src="R", out="R")))
     if sp:
         plan.append((s.block_path(0), TPStyle(kind=StyleKind.PREPARE_INPUT, src="R", dst="S(1)", local=True)))
         plan.append((s.final_norm, SP_NORM))
-    if s.head and not s.tied_head:
+    if s.head:
         plan.append((s.head, _vocab_head(sp)))
-    elif s.head and sp:  # a replicated (tied) head takes the whole sequence
-        plan.append((s.head, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", local=True)))
     return tuple(plan)
 
 
@@ -163,8 +162,6 @@ def sp_blockers(s: ModelStructure) -> list[str]:
     if not s.final_norm:
         why.append("no final norm was found")
     if _cut_at_embedding(s):
-        if s.tied_head:
-            why.append(f"the output head {s.head!r} is tied to the embedding and stays replicated")
         if s.pos_embed and not embedding_sum(s):
             why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
     elif attention_returns_tuple(s) and s.tp_linears()["attn"] is None:

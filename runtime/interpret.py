@@ -28,7 +28,7 @@ from .fused import fuse_kernel
 from .materialize import is_meta, materialize, meta_init_of
 from .offload import offload_activations
 from .pipeline import run_on_stages, split_pipeline
-from .styles import parallel_style, torch_op
+from .styles import kept_ties, parallel_style, torch_op
 
 
 @dataclass
@@ -68,7 +68,9 @@ def _build_mesh(step: BuildMesh, state: State) -> None:
 
 def _tensor_parallel(step: TensorParallel, state: State) -> None:
     styles = {path: parallel_style(style) for path, style in step.plan}
-    parallelize_module(state.get(step.module), state.mesh[step.mesh_axis], styles)
+    module = state.get(step.module)
+    with kept_ties(module):  # a head tied to the embedding stays one weight, vocab-parallel for both
+        parallelize_module(module, state.mesh[step.mesh_axis], styles)
 
 
 def _keep_listed(save: frozenset, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

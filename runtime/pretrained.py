@@ -13,7 +13,8 @@ model but no ``PlannedModule``, calls ``load_pretrained_into(model, DIR)``: the 
 ``save_pretrained(pm, DIR)`` writes the same format with ``HuggingFaceStorageWriter``: every rank
 writes its shards, the coordinator consolidates them into ``model-00001-of-0000N.safetensors`` and
 the index (then the shards are removed), and rank 0 writes the model's ``config.json`` if it has a
-transformers config: the directory loads with ``from_pretrained``.
+transformers config: the directory loads with ``from_pretrained``. A tied weight (a head tied to the token
+embedding) is written once, under its first name, as transformers writes it, and read into every holder.
 """
 from __future__ import annotations
 
@@ -105,12 +106,19 @@ def tied_names(module: nn.Module, names: Collection[str], saved: dict[str, tuple
     this rank holds both (one tensor) or only the copy (a pipeline's last stage: ``pipeline.TiedWeights``,
     whose copies ``LocalStages.tied_copies`` lists). A checkpoint with both names (one this package wrote)
     is read as it is."""
+    return {name: first for name, first in _second_names(module).items()
+            if name in names and name not in saved and first in saved}
+
+
+def _second_names(module: nn.Module) -> dict[str, str]:
+    """Each tied weight's other names -> its first: held twice on this rank (one tensor), or a pipeline's last
+    stage's copy (``LocalStages.tied_copies``)."""
     groups: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(clean_name(name))
     tied = {other: group[0] for group in groups.values() for other in group[1:]}
     tied.update(getattr(module, "tied_copies", {}))
-    return {name: first for name, first in tied.items() if name in names and name not in saved and first in saved}
+    return tied
 
 
 def save_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
@@ -119,6 +127,8 @@ def save_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
     root = Path(path)
     model_sd = get_model_state_dict(pm.module)
     _show_experts_whole(pm, model_sd, {})
+    for name in _second_names(pm.module):  # a tied weight once, under its first name, as transformers writes it
+        model_sd.pop(name, None)
     if _rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(root / SHARDED, ignore_errors=True)

@@ -140,12 +140,15 @@ def test_emitted_pp_dp_tp_script_matches_one_process(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_emitted_script_pipelines_a_tied_head(tmp_path) -> None:
-    """Hugging Face GPT-2 ties its head to the token embedding: pp=2 x dp=2 gives the first stage the embedding and
-    the last a copy of it as the head (runtime.pipeline.TiedWeights), built on meta and filled from the embedding's
-    values; after each backward the copies' gradients are summed. The emitted script on 4 gloo processes prints one
-    process's losses (AdamW; run with --clip-grad for the code path: under Adam a wrong norm barely shows, so that
-    clipping counts the weight once is checked with SGD in test_runtime_pretrained)."""
+@pytest.mark.parametrize("pins", [dict(pp=2, dp=2, tp=1, zero=2, num_microbatches=2),
+                                  dict(pp=1, dp=2, tp=2, zero=0, num_microbatches=2)], ids=["pp2 x dp2", "dp2 x tp2"])
+def test_emitted_script_trains_a_tied_head(tmp_path, pins) -> None:
+    """Hugging Face GPT-2 ties its head to the token embedding. Under pp=2 x dp=2 the first stage holds the embedding
+    and the last a copy of it as the head (runtime.pipeline.TiedWeights), built on meta and filled from the
+    embedding's values, the copies' gradients summed after each backward; under dp=2 x tp=2 both are vocab-parallel,
+    one weight (runtime.styles.kept_ties). The emitted script on 4 gloo processes prints one process's losses (AdamW;
+    run with --clip-grad for the code path: under Adam a wrong norm barely shows, so that clipping counts the weight
+    once is checked with SGD in test_runtime_pretrained)."""
     pytest.importorskip("transformers")
     import meshplan as mp
     import user_models
@@ -157,11 +160,12 @@ def test_emitted_script_pipelines_a_tied_head(tmp_path) -> None:
     with torch.device("meta"):
         meta = build(source)
     plan = mp.autoparallelize(meta, "cpu:1x4", global_batch=8, seq_len=16,
-                              fixed={"pp": 2, "dp": 2, "tp": 1, "cp": 1, "zero": 2, "micro_batch": 2,
-                                     "num_microbatches": 2, "recompute": "none"}, dtype="float32")
-    assert plan.structure["tied_head"] and plan.mesh.pp == 2
+                              fixed={**pins, "cp": 1, "micro_batch": 2, "recompute": "none"}, dtype="float32")
+    assert plan.structure["tied_head"] and (plan.mesh.pp, plan.mesh.tp) == (pins["pp"], pins["tp"])
     src = emit_source(plan)
-    assert 'tied = TiedWeights(model, mesh, "pp", stage_parts["first_parts"], stage_parts["last_parts"])' in src
+    wanted = ('tied = TiedWeights(model, mesh, "pp", stage_parts["first_parts"], stage_parts["last_parts"])'
+              if pins["pp"] > 1 else "with kept_ties(model):")
+    assert wanted in src
     path = tmp_path / "train_tied.py"
     path.write_text(src)
     clip = 0.5

@@ -147,10 +147,11 @@ def test_save_pretrained_gives_back_the_same_tensors(saved, ranks, name) -> None
     tensors = {}
     for file in sorted(out.glob("*.safetensors")):
         tensors.update(load_file(file))
-    want_tensors = saved["tied tensors" if _tied(name) else "tensors"]  # a tied weight under both its names
-    assert sorted(tensors) == sorted(want_tensors)
+    want_tensors = saved["tied tensors" if _tied(name) else "tensors"]
+    # a tied weight once, under its first name, as transformers writes it
+    assert sorted(tensors) == sorted(k for k in want_tensors if not (_tied(name) and k == "lm_head.weight"))
     for key, want in want_tensors.items():
-        assert torch.equal(tensors[key], want), key
+        assert torch.equal(tensors[key if key in tensors else "model.embed_tokens.weight"], want), key
     assert (out / "config.json").is_file() and not (out / "sharded").exists()
     again = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)  # transformers reads it back
     assert torch.equal(again.model.embed_tokens.weight, want_tensors["model.embed_tokens.weight"])

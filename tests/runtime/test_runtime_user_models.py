@@ -39,6 +39,7 @@ META_TIED = "hf gpt2 dp2 x tp2 zero0, built on meta (tied head)"
 # filled with the embedding's values
 HF_LLAMA_4_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
                    "config": user_models.hf_llama_config(num_hidden_layers=4, tie_word_embeddings=True)}
+HF_LLAMA_TIED = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
 META_BUILT = (META_TIED, META_TIED_PP)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
@@ -109,6 +110,9 @@ def plans() -> dict[str, mp.Plan]:
         META_TIED_PP: _plan(HF_LLAMA_4_TIED, pp=2, dp=2, tp=1, zero=3, vp=2, micro_batch=1, num_microbatches=4),
         "hf falcon pp2 x dp2 (blocks return tuples)": _plan(HF_FALCON, pp=2, dp=2, tp=1, zero=0, micro_batch=2,
                                                             num_microbatches=2),
+        # a tied head under sequence parallelism: vocab-parallel with its embedding, fed the sequence-sharded stream
+        "hf llama tied dp2 x tp2 sp": dataclasses.replace(
+            _plan(HF_LLAMA_TIED, dp=2, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=2), param_layouts={}),
         "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
@@ -165,7 +169,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
                                   "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2",
                                   "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
-                                  "hf falcon pp2 x dp2 (blocks return tuples)"])
+                                  "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -183,6 +187,16 @@ def test_megatron_split_shards_the_users_attention(ranks) -> None:
     steps = ranks[0]["hf llama dp2 x tp2 megatron split"]["steps"]
     assert "TensorParallel(model.layers.0)" in steps and "self_attn.q_proj: colwise" in steps
     assert "self_attn.o_proj: rowwise" in steps and "lm_head: colwise" in steps
+
+
+def test_a_tied_head_is_vocab_parallel_with_its_embedding(ranks) -> None:
+    """GPT-2's tied head and embedding both shard the (vocab, h) table by rows over tp (Megatron's vocab-parallel
+    embedding and output layer) and stay one parameter (runtime.styles.kept_ties): the parity cases above report
+    the one process's names, which a second copy would add to."""
+    for name, embed in (("hf gpt2 dp2 x tp2", "transformer.wte"), (META_TIED, "transformer.wte"),
+                        ("hf llama tied dp2 x tp2 sp", "model.embed_tokens")):
+        steps = ranks[0][name]["steps"]
+        assert f"{embed}: rowwise" in steps and "lm_head: colwise" in steps, steps
 
 
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
