@@ -39,7 +39,8 @@ META_TIED = "hf gpt2 dp2 x tp2 zero0, built on meta (tied head)"
 # filled with the embedding's values
 HF_LLAMA_4_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
                    "config": user_models.hf_llama_config(num_hidden_layers=4, tie_word_embeddings=True)}
-HF_LLAMA_TIED = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(tie_word_embeddings=True)}
+HF_LLAMA_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
+                 "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
 META_BUILT = (META_TIED, META_TIED_PP)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
