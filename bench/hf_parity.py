@@ -44,6 +44,23 @@ ARCHITECTURES = {
     "falcon": ("FalconForCausalLM", {}),
     "bloom": ("BloomForCausalLM", dict(n_head=4, n_layer=2)),
     "gpt_oss": ("GptOssForCausalLM", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2": ("Qwen2ForCausalLM", {}),
+    "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0)),  # its default pad id lies outside a 256-token vocabulary
+    "gemma": ("GemmaForCausalLM", dict(head_dim=16)),
+    "cohere": ("CohereForCausalLM", {}),
+    "granite": ("GraniteForCausalLM", {}),
+    # MLA attention (low-rank q and kv, a rope part of each head), a first dense layer, shared and routed experts
+    "deepseek_v3": ("DeepseekV3ForCausalLM", dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                                                  kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                                  v_head_dim=16, n_group=1, topk_group=1)),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=32)),
+    "olmo": ("OlmoForCausalLM", {}),
+    "mpt": ("MptForCausalLM", dict(d_model=64, n_heads=4, n_layers=2)),
+    "gpt_bigcode": ("GPTBigCodeForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    "smollm3": ("SmolLM3ForCausalLM", dict(pad_token_id=0)),
+    "glm": ("GlmForCausalLM", dict(pad_token_id=0)),
 }
 
 

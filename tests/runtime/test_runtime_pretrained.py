@@ -201,3 +201,16 @@ def test_bad_init_from_exits_2_with_one_line_before_torchrun(saved, tmp_path, ca
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and re.search(want, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_the_cli_check_accepts_a_tied_checkpoint_and_names_a_missing_tensor(saved) -> None:
+    """``meshplan run --init-from`` checks the whole model on meta before starting workers: a tied model's
+    checkpoint holds the weight once (no ``lm_head.weight``), which is not a missing tensor; for the untied
+    model of the same shapes it is, and the check names it."""
+    from meshplan.runtime.checkpoint import CheckpointError
+    from meshplan.runtime.pretrained import check_pretrained
+
+    meta = _hf_model(tied=True)
+    check_pretrained(meta, saved["tied"])  # no error
+    with pytest.raises(CheckpointError, match=r"'lm_head\.weight' \(256, 64\) is not in the checkpoint"):
+        check_pretrained(_hf_model(tied=False), saved["tied"])
