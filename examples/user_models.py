@@ -194,6 +194,13 @@ def hf_falcon_config(**overrides) -> dict:
                 hidden_dropout=0.0, attention_dropout=0.0, **overrides)
 
 
+def hf_phi3_config(**overrides) -> dict:
+    """Phi-3: a fused q/k/v projection and a fused gate and up projection (``gate_up_proj``, chunked in two)."""
+    return dict(model_type="phi3", vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=64, pad_token_id=0,
+                resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, **overrides)
+
+
 def hf_bloom_config(**overrides) -> dict:
     """BLOOM: a layer norm on the embedding's output, outside the blocks (``word_embeddings_layernorm``)."""
     return dict(model_type="bloom", vocab_size=256, hidden_size=64, n_head=4, n_layer=2, hidden_dropout=0.0,

@@ -164,11 +164,33 @@ def _mlp(b: _Block, rest: Sequence[Node], roles: dict, notes: list[str]) -> None
         notes.append(f"{b.where(common_module(paths))}: projections {paths} are not inputs feeding one output "
                      "projection; tensor parallelism keeps this MLP replicated")
         return
-    roles["mlp_in"] = tuple(_projection_path(b, n) for n in ins)
-    roles["mlp_out"] = _projection_path(b, outs[0])
     roles["mlp"] = common_module(paths)
     roles["mlp_norm"] = b.rel(b.flow.norm_before(ins[0], b.within))
     roles["_projections"] = roles.get("_projections", ()) + tuple(n.name for n in rest)
+    if len(ins) == 1 and (cut := _feature_cut(b, ins[0], outs[0])) is not None:
+        notes.append(f"{b.where(roles['mlp'])}: {_projection_path(b, ins[0])}'s output features are cut apart "
+                     f"({cut.target}) before {_projection_path(b, outs[0])}, as a fused gate and up projection's are "
+                     "(Phi-3, GLM); splitting its rows over tp would hand a rank whole gate rows and another whole "
+                     "up rows, so tensor parallelism keeps this MLP replicated")
+        return
+    roles["mlp_in"] = tuple(_projection_path(b, n) for n in ins)
+    roles["mlp_out"] = _projection_path(b, outs[0])
+
+
+def _feature_cut(b: _Block, first: Node, last: Node) -> Node | None:
+    """A node between ``first`` and ``last`` whose output has fewer last-dim features than its input (a
+    ``chunk``/``split``/slice of the projection's output: a fused gate and up projection), or None."""
+    between = b.downstream(first) & b.upstream(last)
+    for node in b.nodes:
+        if node.name not in between or not node.input_metas or not node.outputs:
+            continue
+        shape_in, shape_out = node.input_metas[0].shape, node.outputs[0].shape
+        if not shape_in or len(shape_in) != len(shape_out):
+            continue
+        width_in, width_out = shape_in[-1], shape_out[-1]  # sympy: a number, or a symbol (b, s)
+        if getattr(width_in, "is_Integer", False) and getattr(width_out, "is_Integer", False) and width_out < width_in:
+            return node
+    return None
 
 
 def _experts(b: _Block, leaves: Sequence[Node], grouped: Sequence[Node], others: Sequence[Node],

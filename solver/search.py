@@ -84,10 +84,20 @@ def intra_op_of(req: Request, cand: Candidate) -> intra_op.GraphSolution | None:
     structure = req.graph.structure
     split = ((structure.attn,) if SP_WHOLE_ATTN not in req.runtime and structure is not None and structure.attn
              else ())
-    whole = (structure.attn,) if structure is not None and structure.attn_whole else ()
+    whole = _kept_whole(structure)
     return intra_op.solve_graph(req.graph, tp=cand.tp, cluster=req.cluster, micro_batch=cand.micro_batch,
                                 seq_len=req.seq_len // cand.cp, sp=cand.sp, dtype=req.dtype,
                                 replicate=TP_REPLICATE in req.runtime, split_under_sp=split, keep_whole=whole)
+
+
+def _kept_whole(structure: ModelStructure | None) -> tuple[str, ...]:
+    """The block sublayers the runtime keeps whole over tp (``ModelStructure.tp_linears``: an attention a head split
+    would change, a fused q/k/v or gate-and-up projection, GPT-2's Conv1D), which the intra-op program may only
+    replicate; not a MoE's experts (expert parallelism splits those)."""
+    if structure is None:
+        return ()
+    return tuple(getattr(structure, sub) for sub, linears in structure.tp_linears().items()
+                 if linears is None and getattr(structure, sub) and not (sub == "mlp" and structure.experts))
 
 
 def _tp_layouts(req: Request, cand: Candidate) -> dict[str, str] | None:

@@ -214,6 +214,18 @@ def test_blocks_returning_tuples_and_parameters_of_no_role_are_found() -> None:
         mp.autoparallelize(bloom, "cpu:1x4", global_batch=8, seq_len=32, fixed={"pp": 2})
 
 
+def test_a_fused_gate_and_up_projection_keeps_the_mlp_whole_over_tp() -> None:
+    """Phi-3's MLP chunks one projection's output into gate and up: its rows cannot be split over tp (a rank would
+    get only gate rows), so the MLP is found (its norm too) but has no column/row-parallel linears, and the report
+    says why; Llama's two projections are split as before."""
+    with torch.device("meta"):
+        phi3 = sources.build({"kind": "hf", "class": "Phi3ForCausalLM", "config": user_models.hf_phi3_config()})
+    found = frontend.trace(phi3, batch=2, seq_len=16).structure
+    assert found.mlp == "mlp" and found.mlp_norm == "post_attention_layernorm" and found.mlp_in == ()
+    assert found.tp_linears() == {"attn": None, "mlp": None}  # its q/k/v are fused too
+    assert any("mlp.gate_up_proj's output features are cut apart (aten.chunk.default)" in n for n in found.notes)
+
+
 def test_a_pin_the_model_rules_out_is_refused_with_the_model_s_reason() -> None:
     """GPT-2's attention returns a tuple while tp keeps it whole (no sp): pinning sp names that reason, where the
     search planned it anyway (its workers then died in torch's PrepareModuleInput). Its tied head no longer rules

@@ -46,6 +46,9 @@ META_BUILT = (META_TIED, META_TIED_PP)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
 # activation on as such a tuple (ModelStructure.block_tuple)
 HF_FALCON = {"kind": "hf", "class": "FalconForCausalLM", "config": user_models.hf_falcon_config()}
+# Phi-3 chunks one gate-and-up projection in two: split by rows over tp, a rank would hold whole gate rows and
+# another whole up rows, so the MLP stays whole (as the fused q/k/v attention does)
+HF_PHI3 = {"kind": "hf", "class": "Phi3ForCausalLM", "config": user_models.hf_phi3_config()}
 # OPT reshapes q, k, v by its whole head count: the search keeps its attention whole over tp (frontend/head_split.py)
 HF_OPT = {"kind": "hf", "class": "OPTForCausalLM", "config": user_models.hf_opt_config()}
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
@@ -111,6 +114,7 @@ def plans() -> dict[str, mp.Plan]:
         META_TIED_PP: _plan(HF_LLAMA_4_TIED, pp=2, dp=2, tp=1, zero=3, vp=2, micro_batch=1, num_microbatches=4),
         "hf falcon pp2 x dp2 (blocks return tuples)": _plan(HF_FALCON, pp=2, dp=2, tp=1, zero=0, micro_batch=2,
                                                             num_microbatches=2),
+        "hf phi3 dp2 x tp2 (fused gate and up)": _plan(HF_PHI3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         # a tied head under sequence parallelism: vocab-parallel with its embedding, fed the sequence-sharded stream
         "hf llama tied dp2 x tp2 sp": dataclasses.replace(
             _plan(HF_LLAMA_TIED, dp=2, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=2), param_layouts={}),
@@ -170,7 +174,8 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
                                   "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2",
                                   "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
-                                  "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp"])
+                                  "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
+                                  "hf phi3 dp2 x tp2 (fused gate and up)"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
