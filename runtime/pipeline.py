@@ -379,6 +379,10 @@ class TiedWeights:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             grad = param.grad
+            if isinstance(grad, DTensor) and grad.placements != param.placements:
+                # a vocab-parallel embedding's backward can leave its gradient Replicate where the weight is Shard(0):
+                # the two copies' local shards must be the same rows to be summed
+                grad = param.grad = grad.redistribute(param.device_mesh, param.placements)
             dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.group)
 
 

@@ -115,6 +115,10 @@ def plans() -> dict[str, mp.Plan]:
         "hf falcon pp2 x dp2 (blocks return tuples)": _plan(HF_FALCON, pp=2, dp=2, tp=1, zero=0, micro_batch=2,
                                                             num_microbatches=2),
         "hf phi3 dp2 x tp2 (fused gate and up)": _plan(HF_PHI3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+        # the tied copies vocab-parallel on both end stages (the embedding's gradient comes back Replicate: aligned to
+        # the weight's Shard(0) before the copies' shards are summed)
+        "hf gpt2 pp2 x tp2 (tied, vocab-parallel)": _plan(HF_GPT2, pp=2, dp=1, tp=2, zero=0, micro_batch=2,
+                                                         num_microbatches=4),
         # a tied head under sequence parallelism: vocab-parallel with its embedding, fed the sequence-sharded stream
         "hf llama tied dp2 x tp2 sp": dataclasses.replace(
             _plan(HF_LLAMA_TIED, dp=2, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=2), param_layouts={}),
@@ -175,7 +179,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2",
                                   "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
-                                  "hf phi3 dp2 x tp2 (fused gate and up)"])
+                                  "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
