@@ -433,7 +433,6 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
     args = (inputs.to(device),) if pipe.holds_first else ()  # later stages receive activations
     # return_outputs=False: the last stage keeps no logits of past micro-batches for a merged output
     pipe.schedule.step(*args, target=targets.to(device), losses=losses, return_outputs=False)
-    pipe.tied.all_reduce_grads(LocalStages(pipe.modules))  # a tied head's two copies: one gradient
     loss_sum = torch.zeros((), device=device)
     for loss in losses:
         loss_sum += loss.detach()

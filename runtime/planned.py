@@ -170,6 +170,7 @@ class PlannedModule:
             if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
                 loss_sum = run_schedule(self.pipeline, inputs, targets, self.program.num_microbatches,
                                         self.device)
+                self.pipeline.tied.all_reduce_grads(self.module)  # a tied head's two copies: one gradient
             else:
                 loss_sum = self._accumulate(inputs, targets)
         self.optimizer.step()
