@@ -196,7 +196,7 @@ def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
     groups = expert_shard_groups(model)  # parameters expert parallelism cut to this ep rank's experts
     live = {clean_name(n): p for n, p in model.named_parameters()}
     ep = {name: groups[id(p)] for name, p in live.items() if id(p) in groups}
-    aliases = _aliases(init.reference)
+    aliases = shared_names(init.reference)
     with torch.no_grad():
         for name, full in replay(init):
             if name not in aliases:  # another name of a tied weight: its value is the first name's
@@ -212,12 +212,12 @@ def materialize(model: nn.Module, device: torch.device, init: MetaInit) -> None:
                 buf.copy_(src)
 
 
-def _aliases(reference: nn.Module) -> dict[str, tuple[str, ...]]:
-    """Each parameter's first name -> all its names (a tied weight has several: ``transformer.wte.weight``
-    and ``lm_head.weight``); the names after the first are not keys."""
+def shared_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each parameter's first name -> all its names, wrapper prefixes dropped (a tied weight has several:
+    ``transformer.wte.weight`` and ``lm_head.weight``); the names after the first are not keys."""
     names: dict[int, list[str]] = {}
-    for name, p in reference.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(clean_name(name))
     return {group[0]: tuple(group) for group in names.values()}
 
 

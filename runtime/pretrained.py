@@ -32,7 +32,7 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from .checkpoint import SHOWN, CheckpointError, _global_shapes, _shape, _show_experts_whole
-from .materialize import clean_name
+from .materialize import shared_names
 
 if TYPE_CHECKING:
     from .planned import PlannedModule
@@ -113,10 +113,7 @@ def tied_names(module: nn.Module, names: Collection[str], saved: dict[str, tuple
 def _second_names(module: nn.Module) -> dict[str, str]:
     """Each tied weight's other names -> its first: held twice on this rank (one tensor), or a pipeline's last
     stage's copy (``LocalStages.tied_copies``)."""
-    groups: dict[int, list[str]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(clean_name(name))
-    tied = {other: group[0] for group in groups.values() for other in group[1:]}
+    tied = {other: first for first, names in shared_names(module).items() for other in names[1:]}
     tied.update(getattr(module, "tied_copies", {}))
     return tied
 
