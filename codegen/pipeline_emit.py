@@ -82,7 +82,7 @@ LOOP = '''
         schedule.step(*first_stage_inputs, target=targets.to(device), losses=losses, return_outputs=False)
         tied.all_reduce_grads(model)  # the tied head's two copies take one gradient (nothing if none is tied)
         if args.clip_grad is not None:  # the global norm: every stage's gradients add over pp (a tied copy once)
-            clip_grad_norm_(model, args.clip_grad, pp_group, tied.copies)
+            clip_grad_norm_(model, args.clip_grad, pp_group)
         optimizer.step()
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=device)

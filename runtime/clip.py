@@ -10,7 +10,7 @@ process would compute, whatever the plan holds where:
 - plain gradients (DDP, ZeRO-1) are whole and the same on every dp rank: counted once;
 - expert parallelism: each ep rank holds other experts, so their squared norms add over the ep group;
 - pipeline parallelism: each pp rank holds other stages, so everything adds over the pp group, except the
-  last stage's copy of a head tied to the embedding (``copies``), which the first stage counts.
+  last stage's copy of a head tied to the embedding (``LocalStages.tied_copies``), which the first stage counts.
 
 Then every gradient is scaled by ``max_norm / (norm + 1e-6)`` if that is below 1, as
 ``torch.nn.utils.clip_grad_norm_`` does. ``install_clipping`` runs it as an optimizer step pre-hook,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
@@ -35,11 +34,11 @@ from .materialize import clean_name
 EPS = 1e-6  # as torch.nn.utils.clip_grads_with_norm_
 
 
-def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = None,
-                     copies: Collection[str] = ()) -> torch.Tensor:
+def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The 2-norm of every gradient of ``module`` over every rank (a collective; the same on every rank).
-    ``copies``: names of parameters another stage holds too (``pipeline.TiedWeights.copies``), counted there."""
+    A tied head's copy on a pipeline's last stage (``LocalStages.tied_copies``) is counted on the first stage."""
     ep_groups = expert_shard_groups(module)
+    copies = getattr(module, "tied_copies", {})
     by_mesh: dict[tuple, list[torch.Tensor]] = defaultdict(list)  # (ep group, mesh) -> DTensor grads
     plain: dict[object, list[torch.Tensor]] = defaultdict(list)  # ep group -> plain grads
     for name, param in module.named_parameters():
@@ -67,12 +66,11 @@ def global_grad_norm(module: nn.Module, pp_group: dist.ProcessGroup | None = Non
     return total.sqrt()
 
 
-def clip_grad_norm_(module: nn.Module, max_norm: float, pp_group: dist.ProcessGroup | None = None,
-                    copies: Collection[str] = ()) -> float:
+def clip_grad_norm_(module: nn.Module, max_norm: float, pp_group: dist.ProcessGroup | None = None) -> float:
     """Scale ``module``'s gradients so that their global 2-norm is at most ``max_norm``; returns the
-    norm before clipping (the same on every rank). A collective. ``copies``: as ``global_grad_norm``'s (a
-    tied head's copy is scaled like the weight it copies, and counted once)."""
-    norm = float(global_grad_norm(module, pp_group, copies))
+    norm before clipping (the same on every rank). A collective. A tied head's copy is scaled like the
+    weight it copies, and counted once (``global_grad_norm``)."""
+    norm = float(global_grad_norm(module, pp_group))
     coef = max_norm / (norm + EPS)
     if coef < 1.0 and math.isfinite(norm):
         with torch.no_grad():
@@ -93,10 +91,9 @@ def install_clipping(pm, max_norm: float) -> None:
     norm is kept in ``pm.last_grad_norm``."""
     check_max_norm(max_norm)
     pp_group = pm.pipeline.group if pm.pipeline is not None else None
-    copies = pm.pipeline.tied.copies if pm.pipeline is not None else {}
 
     def clip(optimizer, args, kwargs) -> None:  # noqa: ARG001 - the hook's signature
-        pm.last_grad_norm = clip_grad_norm_(pm.module, max_norm, pp_group, copies)
+        pm.last_grad_norm = clip_grad_norm_(pm.module, max_norm, pp_group)
 
     pm.optimizer.register_step_pre_hook(clip)
 

@@ -258,7 +258,8 @@ class LocalStages(nn.Module):
         self._modules, self._parameters, self._buffers = root._modules, root._parameters, root._buffers
         object.__setattr__(self, "_stages", inner)
         _carry_model_attrs(self, inner[0])
-        # a tied head's copy this rank holds (``Stage.tied_copies``): read from a checkpoint as the embedding
+        # a tied head's copy this rank holds (``Stage.tied_copies``): counted once by gradient clipping, reported
+        # and read from a checkpoint under the embedding's name
         self.tied_copies = {name: first for s in inner for name, first in getattr(s, "tied_copies", {}).items()}
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "LocalStages":
@@ -352,9 +353,7 @@ class TiedWeights:
     of the two ranks holding them (Megatron's ``_allreduce_word_embedding_grads``), so both take the same
     optimizer step and stay the one weight a single process trains. A rank holding neither end stage, or
     a model with no such weight, does nothing. Built on every rank (the groups are created collectively).
-
-    ``copies``: this rank's copy names (the last stage's) -> the first stage's name, which gradient clipping
-    counts once and ``full_parameters`` reports under the embedding's name."""
+    Which names this rank holds as copies, ``LocalStages.tied_copies`` says."""
 
     def __init__(self, model: nn.Module, mesh: Any, axis: str, first_parts: tuple[str, ...],
                  last_parts: tuple[str, ...]) -> None:
@@ -365,7 +364,6 @@ class TiedWeights:
             ranks = mesh.mesh.movedim(dim, -1).reshape(-1, mesh.mesh.shape[dim])
             # one group per pp line: the ranks of its first and last stage (stage c runs on pp rank c % pp)
             self.group, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in ranks])
-        self.copies = {last: first for first, last in self.pairs}
 
     def all_reduce_grads(self, local: nn.Module) -> None:
         """Sum each tied weight's gradient over its two copies (a collective of the end-stage ranks)."""
@@ -449,7 +447,7 @@ def full_parameters(local: nn.Module, pipe: Pipeline) -> dict[str, torch.Tensor]
     for name, param in local.named_parameters():
         full = param.full_tensor() if hasattr(param, "full_tensor") else param
         name = clean_name(name)
-        own[pipe.tied.copies.get(name, name)] = full.detach().cpu()
+        own[getattr(local, "tied_copies", {}).get(name, name)] = full.detach().cpu()
     parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pipe.group)
     dist.all_gather_object(parts, own, group=pipe.group)
     return {name: tensor for part in parts for name, tensor in part.items()}

@@ -45,7 +45,7 @@ def test_zoo_script_parses_the_flags_and_clips_before_the_step() -> None:
 def test_pipelined_script_clips_over_the_pp_group() -> None:
     src = emit_source(pipelined("llama", dp=2, schedule="gpipe"))
     assert all(flag in src for flag in FLAGS)
-    clip = "clip_grad_norm_(model, args.clip_grad, pp_group, tied.copies)"  # a tied head's copy counted once
+    clip = "clip_grad_norm_(model, args.clip_grad, pp_group)"  # a tied head's copy counted once (model.tied_copies)
     assert _between(src, "schedule.step(", "tied.all_reduce_grads(model)") and _between(src, "tied.all_reduce", clip)
     assert _between(src, clip, "optimizer.step()")
     assert _between(src, "compile_blocks(model, BLOCKS)", "stage_modules = [parallelize(Stage(")
