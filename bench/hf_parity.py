@@ -2,7 +2,7 @@
 and on four (pinned, e.g. dp 2 x tp 2), the losses of the first steps side by side. A program that trains another
 model than the user's shows as different losses at step 1; one that cannot run, as its error.
 
-    python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--steps 2] [--only llama opt ...]
+    python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--steps 2] [--seq-len 32] [--layers 2] [--only llama opt ...]
 
 Each config is tiny (hidden 64, 4 heads and 2 KV heads, 2 layers, vocabulary 256) with dropout off (each rank
 draws its own dropout masks, so a run with dropout cannot match one process). Prints one row per architecture:
@@ -21,6 +21,8 @@ from pathlib import Path
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
              vocab_size=256, max_position_embeddings=128)
+POSITIONS = ("n_positions",)  # what a config calls its longest sequence, beyond max_position_embeddings
+LAYERS = ("num_hidden_layers", "n_layer", "n_layers")  # what a config calls its number of blocks
 NO_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout", "dropout",
               "hidden_dropout_prob", "attention_probs_dropout_prob", "summary_first_dropout")
 # model_type -> (class, config beyond SMALL)
@@ -64,12 +66,16 @@ ARCHITECTURES = {
 }
 
 
-def write_config(model_type: str, where: Path) -> Path:
+def write_config(model_type: str, where: Path, seq_len: int = 32, layers: int = 2) -> Path:
     import transformers
 
     transformers.logging.set_verbosity_error()
     cls, extra = ARCHITECTURES[model_type]
-    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    extra = {key: max(value, seq_len) if key in POSITIONS else layers if key in LAYERS else value
+             for key, value in extra.items()}
+    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **extra,
+                                                          "max_position_embeddings": max(128, seq_len),
+                                                          "num_hidden_layers": layers})
     for key in NO_DROPOUT:
         if hasattr(cfg, key):
             setattr(cfg, key, 0.0)
@@ -84,11 +90,11 @@ def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int) -> str:
+def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: int = 32) -> str:
     """'pp1 tp2 cp1 sp0 z2  5.568831 5.584849', or where it stopped and the last line of its error."""
     plan = model / f"plan{nproc}.json"
     done = _cli("plan", "-q", "--model", f"hf:{model}", "--cluster", f"cpu:1x{nproc}", "--global-batch", "8",
-                "--seq-len", "32", "-o", str(plan), *pins)
+                "--seq-len", str(seq_len), "-o", str(plan), *pins)
     if done.returncode:
         return "plan failed: " + ((done.stderr or done.stdout).strip().splitlines() or ["?"])[-1][:160]
     p = json.loads(plan.read_text())
@@ -106,14 +112,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pins", default="--dp 2 --tp 2", help="meshplan plan pins for the 4-process run")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens a sequence (context parallelism keeps at "
+                        "least 1,024 a rank: --seq-len 2048 with --cp 2)")
+    parser.add_argument("--layers", type=int, default=2, help="blocks (4 for --pp 2 --vp 2)")
     parser.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES), help="these architectures only")
     args = parser.parse_args()
     print(f"{'architecture':24s} {'one process':28s} four processes ({args.pins})")
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.only or ARCHITECTURES:
-            model = write_config(model_type, Path(tmp))
-            one = plan_and_run(model, 1, [], args.steps)
-            four = plan_and_run(model, 4, shlex.split(args.pins), args.steps)
+            model = write_config(model_type, Path(tmp), args.seq_len, args.layers)
+            one = plan_and_run(model, 1, [], args.steps, args.seq_len)
+            four = plan_and_run(model, 4, shlex.split(args.pins), args.steps, args.seq_len)
             print(f"{ARCHITECTURES[model_type][0]:24s} {one:28s} {four}", flush=True)
 
 

@@ -53,9 +53,6 @@ def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
         raise InvalidPlanError(f"zero_stage 1 with ep({m.ep}) > 1 is not supported by the runtime yet "
                                "(ZeroRedundancyOptimizer under DDP would mix the expert shards of all dp ranks); "
                                "use zero_stage 0, 2 or 3")
-    if m.pp > 1:
-        raise InvalidPlanError(f"expert parallelism (ep={m.ep}) with pipeline parallelism (pp={m.pp}) is not "
-                               "supported by the runtime yet; plan with pp=1 or ep=1")
 
 
 def hsdp_for_plain_dp(plan: Plan) -> bool:

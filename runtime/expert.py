@@ -213,6 +213,18 @@ def gather_expert_shard(local: torch.Tensor, group: dist.ProcessGroup) -> torch.
     return torch.cat(parts)
 
 
+def whole_parameters(model: nn.Module):
+    """``(name, whole tensor)`` for every parameter of ``model``, names as ``named_parameters`` gives them: a
+    DTensor's shards gathered, an expert stack gathered over its ep group. A collective: the ranks of an ep group
+    hold the same blocks (under pipelining, the same stages), so they gather in the same order."""
+    ep_groups = expert_shard_groups(model)
+    for name, param in model.named_parameters():
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        if id(param) in ep_groups:
+            full = gather_expert_shard(full, ep_groups[id(param)])
+        yield name, full.detach().cpu()
+
+
 # ---- the runtime's executors for the two step kinds (interpret.EXECUTORS) ------------------------
 
 def build_expert_mesh(step: ExpertMesh, state: State) -> None:

@@ -51,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..codegen import Program, SplitPipeline
 from ..codegen.pipeline_lower import SCHEDULE_CLASSES
 from ..ir import InvalidPlanError
+from .expert import whole_parameters
 from .materialize import INIT_ATTR, clean_name
 
 
@@ -440,14 +441,13 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
 
 def full_parameters(local: nn.Module, pipe: Pipeline) -> dict[str, torch.Tensor]:
     """Every parameter of the whole model as a whole tensor, on every rank: each rank gathers its
-    stages' shards (over dp and tp), then the pp ranks exchange their stages. A collective. A tied head's
+    stages' shards (over dp and tp, experts over ep), then the pp ranks exchange their stages. A collective. A tied head's
     copy on the last stage is reported under the embedding's name, as the one-process model names the weight
     (the last pp rank's entry is the one kept)."""
     own = {}
-    for name, param in local.named_parameters():
-        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+    for name, full in whole_parameters(local):  # a stage's experts gathered over its ep group
         name = clean_name(name)
-        own[getattr(local, "tied_copies", {}).get(name, name)] = full.detach().cpu()
+        own[getattr(local, "tied_copies", {}).get(name, name)] = full
     parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pipe.group)
     dist.all_gather_object(parts, own, group=pipe.group)
     return {name: tensor for part in parts for name, tensor in part.items()}

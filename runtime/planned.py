@@ -33,7 +33,7 @@ from ..ir import InvalidPlanError, Plan
 from .checkpoint import load_checkpoint, save_checkpoint
 from .context import data_group, sequence_split
 from .distributed import device_for_rank, init_distributed, pg_timeout_s
-from .expert import expert_shard_groups, gather_expert_shard
+from .expert import whole_parameters
 from .interpret import State, execute
 from .loss import on_whole_logits, token_cross_entropy
 from .materialize import is_meta
@@ -198,13 +198,9 @@ class PlannedModule:
         if self.pipeline is not None:  # each rank holds only its stages: gather them over pp
             return pipeline_parameters(self.module, self.pipeline)
         out = {}
-        ep_groups = expert_shard_groups(self.module)  # expert parallelism: each ep rank holds E / ep experts
-        for name, param in self.module.named_parameters():
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param
-            if id(param) in ep_groups:
-                full = gather_expert_shard(full, ep_groups[id(param)])
+        for name, full in whole_parameters(self.module):  # each ep rank holds E / ep experts: gathered
             clean = name.replace("_checkpoint_wrapped_module.", "")
-            out[clean.removeprefix("module.") if self._ddp else clean] = full.detach().cpu()
+            out[clean.removeprefix("module.") if self._ddp else clean] = full
         return out
 
     def load_pretrained(self, path: str) -> None:

@@ -14,7 +14,8 @@ Rules, so that every candidate is one the runtime can execute and the topology r
 * ``cp`` splits the sequence; a rank keeps at least ``MIN_CP_TOKENS`` tokens. ZeRO shards over the
   dp x cp ranks (every one sees other tokens), so it needs ``dp * cp > 1``; the runtime has no cp
   beside pp or ep yet: ``CP_WITH_PP``, ``CP_WITH_EP``.
-* ``ep`` divides the experts and ``dp * cp`` (Megatron-Core folds experts inside data parallelism).
+* ``ep`` divides the experts and ``dp * cp`` (Megatron-Core folds experts inside data parallelism);
+  under pipelining each stage's experts are split over the ep ranks of that stage (``EP_WITH_PP``).
 * ``pp * vp <= layers``; interleaving needs the micro-batch count to divide by ``pp``; 1F1B needs at
   least ``pp`` micro-batches and zero bubble a count that splits into rounds of ``pp`` (torch's
   schedules). Under pipelining the runtime has no ZeRO-1 (DDP breaks under
@@ -47,9 +48,6 @@ import sympy
 from ..cost_model import TierKind
 from ..ir import InfeasibleError, Mesh, ModelDims, PlanError, Schedule, limits
 
-RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
-                     "tp_replicate", "sp_whole_attn", "gpipe", "zero_bubble", "offload", "offload_pp",
-                     "offload_rc"})  # grows with it
 ZERO1_WITH_TP = "zero1_tp"  # ZeRO-1 beside tensor parallelism (the runtime's ZeRO-1 is DDP + ZeroRedundancyOptimizer)
 ZERO1_WITH_EP = "zero1_ep"  # ZeRO-1 beside expert parallelism (DDP would mix the expert shards of all dp ranks)
 EP_WITH_PP = "ep_pp"  # expert parallelism beside pipeline parallelism
@@ -64,6 +62,9 @@ OFFLOAD_WITH_TP = "offload_tp"  # offloading beside tensor parallelism (the runt
 OFFLOAD_WITH_PP = "offload_pp"  # offloading under pipelining (Megatron-Core: "no support for Pipeline parallelism
 OFFLOAD_WITH_RECOMPUTE = "offload_rc"  # with CPU offloading"); offloading beside recomputation (Megatron-Core:
 # "CPU offloading does not work when activation recomputation is enabled", TransformerConfig.__post_init__)
+RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
+                     "tp_replicate", "sp_whole_attn", "gpipe", "zero_bubble", "offload", "offload_pp",
+                     "offload_rc", EP_WITH_PP})  # grows with it
 # What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
 # optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts, or folded
 # over the tp ranks with the experts whole), PP

@@ -1,5 +1,5 @@
 """Expert parallelism in the Program and in the emitted script: which steps, in which order, what is
-refused; and an emitted ep x dp script run with torchrun against one process."""
+refused; and emitted ep x dp and pp x ep scripts run with torchrun against one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,11 +63,29 @@ def test_unsupported_expert_plans_say_why(kwargs, message) -> None:
     assert message in str(err.value)
 
 
-def test_ep_with_pipeline_is_refused() -> None:
-    p = dataclasses.replace(plan("moe", dp=2, ep=2), mesh=ir.Mesh(pp=2, dp=2, ep=2), stages=((0, 2), (2, 4)),
-                            num_microbatches=2, micro_batch_size=4)
-    with pytest.raises(ir.InvalidPlanError, match=r"with pipeline parallelism \(pp=2\) is not supported"):
-        lower(p)
+def _ep_pipelined(**kw) -> ir.Plan:
+    """moe-tiny (4 layers, 4 experts) over pp=2 x dp=2 with its experts split over ep=2 within each stage."""
+    return dataclasses.replace(plan("moe", dp=2, ep=2, **kw), mesh=ir.Mesh(pp=2, dp=2, ep=2), stages=((0, 2), (2, 4)),
+                               num_microbatches=2, micro_batch_size=2, global_batch=8)
+
+
+def test_ep_with_pipeline_splits_the_stages_first_then_their_experts() -> None:
+    """Each pp rank holds its stage's blocks; the expert mesh keeps pp outermost, so an ep group is the ep ranks of
+    one stage (the all-to-all never crosses stages) and an edp group their replicas in that stage."""
+    program = lower(_ep_pipelined(zero=2))
+    assert program.mesh.dims == (("pp", 2), ("dp", 2))
+    expert_mesh = next(s for s in program.steps if isinstance(s, ExpertMesh))
+    assert expert_mesh.dims == (("pp", 2), ("edp", 1), ("ep", 2))
+    kinds = program.kinds()
+    assert kinds.index("SplitPipeline") < kinds.index("ExpertMesh") < kinds.index("ExpertParallel")
+    assert [s.module for s in program.steps if isinstance(s, ExpertParallel)] == [
+        f"layers.{i}.mlp.experts" for i in range(4)]  # the whole model's names: each stage finds its own
+    experts = [s for s in program.steps if isinstance(s, FullyShard) and "experts" in s.module]
+    assert len(experts) == 4 and all(s.mesh_axes == ("edp",) for s in experts)
+    src = emit_source(_ep_pipelined(zero=2))  # each rank shards the experts of the blocks its stage holds
+    assert ('mesh.mesh.reshape(2, 1, 2), mesh_dim_names=("pp", "edp", "ep"))' in src
+            and 'for i in held(model, range(4)):\n        shard_experts(model.layers[i].mlp.experts, expert_mesh["ep"])'
+            in src)
 
 
 def test_expert_steps_check_themselves() -> None:
@@ -102,9 +120,11 @@ def test_scripts_without_ep_do_not_import_the_dispatch() -> None:
 
 
 @pytest.mark.slow
-def test_emitted_ep_script_matches_one_process(tmp_path) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["dp4 ep2", "pp2 x dp2 ep2 zero2"])
+def test_emitted_ep_script_matches_one_process(tmp_path, pipelined) -> None:
     """(The runtime back end of the same steps is checked in-process: tests/runtime/test_runtime_expert.py.)"""
-    p = dataclasses.replace(plan("moe", dp=4, ep=2, nmb=2), global_batch=8, micro_batch_size=1)
+    p = (_ep_pipelined(zero=2) if pipelined else
+         dataclasses.replace(plan("moe", dp=4, ep=2, nmb=2), global_batch=8, micro_batch_size=1))
     script = tmp_path / "train_ep.py"
     script.write_text(emit_source(p))
     losses = _losses(_torchrun([str(script)], tmp_path))

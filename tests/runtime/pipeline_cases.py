@@ -10,6 +10,7 @@ import torch
 
 from meshplan import ir, zoo
 from meshplan.runtime import apply
+from meshplan.runtime.expert import ExpertParallelMixin
 from meshplan.runtime.pipeline import Absent, holds
 from meshplan.runtime.train import synthetic_batch
 from meshplan.solver.stages import bounds, megatron_counts
@@ -30,15 +31,19 @@ def megatron_stages(layers: int, pp: int, vp: int, **flags) -> tuple[tuple[int, 
     return bounds(megatron_counts(layers, pp, vp, **flags))
 
 
-def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, zero: int = 0, sp: bool = False, nmb: int = 2,
-                  schedule: str = "1f1b", vp: int = 1, stages: tuple = (), recompute: tuple[str, ...] = (),
-                  layers: int | None = None) -> ir.Plan:
+def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, ep: int = 1, zero: int = 0, sp: bool = False,
+                  nmb: int = 2, schedule: str = "1f1b", vp: int = 1, stages: tuple = (),
+                  recompute: tuple[str, ...] = (), layers: int | None = None) -> ir.Plan:
     cfg = zoo.config(model, **({"layers": layers} if layers else {})).to_dict()
     return ir.Plan(model=cfg, cluster="cpu:1x8", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
-                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp), zero_stage=zero, sequence_parallel=sp,
+                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
                    micro_batch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb, schedule=schedule, vp=vp,
                    stages=tuple(stages) or even_stages(cfg["layers"], pp * vp),
                    recompute=recompute or ("none",) * cfg["layers"], dtype="float32")
+
+
+def _numel(p: torch.Tensor) -> int:
+    return (p.to_local() if hasattr(p, "to_local") else p).numel()
 
 
 def _holdings(pm) -> dict[str, Any]:
@@ -47,7 +52,9 @@ def _holdings(pm) -> dict[str, Any]:
     return {"stage_ids": pm.pipeline.stage_ids,
             "layers": [i for i, block in enumerate(pm.module.layers) if not isinstance(block, Absent)],
             "parts": sorted(n for n in ("embed", "norm", "output") if holds(pm.module, n)),
-            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
+            "local_numel": sum(_numel(p) for p in params),
+            "expert_numel": sum(_numel(p) for m in pm.module.modules() if isinstance(m, ExpertParallelMixin)
+                                for p in m.parameters(recurse=False)),
             "dtensors": sum(hasattr(p, "to_local") for p in params),
             "checkpointed": sum("CheckpointWrapper" in type(m).__name__ for m in pm.module.modules()),
             "schedule": type(pm.pipeline.schedule).__name__, "pp_rank": pm.mesh.get_local_rank("pp"),

@@ -23,6 +23,7 @@ SAVES = {
     "gpt dp4 zero0": dict(model="gpt-tiny", plan=dict(dp=4)),
     "gpt dp4 zero1": dict(model="gpt-tiny", plan=dict(dp=4, zero=1)),
     "llama dp4 zero3": dict(model="llama-tiny", plan=dict(dp=4, zero=3, recompute=("full",) * 4)),
+    "moe dp4 ep2 zero2": dict(model="moe-tiny", plan=dict(dp=4, ep=2, zero=2)),
 }
 LOADS = [
     dict(name="zero0 -> dp2 x tp2 sp zero3", save="gpt dp4 zero0", plan=dict(dp=2, tp=2, sp=True, zero=3)),
@@ -32,6 +33,8 @@ LOADS = [
     dict(name="llama zero3 -> pp2 x tp2 sp", save="llama dp4 zero3", plan=dict(pp=2, tp=2, sp=True, nmb=2)),
     dict(name="llama zero3 -> dp2 x tp2 sp, MLPs whole over tp", save="llama dp4 zero3",
          plan=dict(dp=2, tp=2, sp=True, replicate=("mlp",))),
+    # the experts (and their AdamW state) of 2 ep ranks over dp 4, resumed on 2 stages of 2 ep ranks each
+    dict(name="moe ep2 zero2 -> pp2 x dp2 ep2 zero0", save="moe dp4 ep2 zero2", plan=dict(pp=2, dp=2, ep=2, nmb=2)),
 ]
 
 

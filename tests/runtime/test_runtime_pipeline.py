@@ -41,6 +41,10 @@ CASES_4 = [
          plan=dict(pp=2, dp=2, zero=3, schedule="interleaved-1f1b", vp=2)),
     dict(name="gpt pp2 tp2 sp gpipe selective", model="gpt-tiny",
          plan=dict(pp=2, tp=2, sp=True, schedule="gpipe", recompute=SEL)),
+    # pp x ep: each stage's experts split over the ep ranks of that stage (its dp ranks)
+    dict(name="moe pp2 dp2 ep2 zero2 1f1b", model="moe-tiny", plan=dict(pp=2, dp=2, ep=2, zero=2)),
+    dict(name="moe pp2 dp2 ep2 zero0 interleaved full", model="moe-tiny",
+         plan=dict(pp=2, dp=2, ep=2, schedule="interleaved-1f1b", vp=2, recompute=FULL)),
 ]
 CASES_2 = [
     dict(name="gpt gpipe full", model="gpt-tiny", plan=dict(pp=2, schedule="gpipe", recompute=FULL)),
@@ -82,6 +86,7 @@ def _check_holdings(ranks: list[dict], case: dict) -> None:
     the first stage's rank, the head on the last's; parameters divided by tp, and by dp for ZeRO-2/3."""
     plan = pipeline_plan(case["model"], **case["plan"])
     pp, dp, tp, zero = plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage
+    edp = dp // plan.mesh.ep  # the replicas of an expert shard
     total = sum(t.numel() for t in ranks[0][case["name"]]["params"].values())
     held_numel = {}
     for result in (r[case["name"]] for r in ranks):
@@ -92,10 +97,15 @@ def _check_holdings(ranks: list[dict], case: dict) -> None:
                                                                     else [])
         assert result["checkpointed"] == sum(plan.recompute[i] != "none" for i in result["layers"])
         assert (result["dtensors"] > 0) == (tp > 1 or dp > 1)
-        held_numel.setdefault(result["pp_rank"], []).append(result["local_numel"])
+        assert (result["expert_numel"] > 0) == (plan.mesh.ep > 1 and bool(result["layers"]))
+        held_numel.setdefault(result["pp_rank"], []).append((result["local_numel"], result["expert_numel"]))
     # a pp rank's dp * tp processes each hold 1/tp of its stages (norms and a few biases stay whole),
-    # and 1/dp of that under ZeRO-2/3: the pp ranks' holdings add up to the model once
-    whole = sum(sum(numels) * (dp if zero >= 2 else 1) * tp / (dp * tp) for numels in held_numel.values())
+    # and 1/dp of that under ZeRO-2/3; its experts 1/ep, and 1/edp of that under ZeRO-2/3: the pp ranks'
+    # holdings add up to the model once
+    whole = 0.0
+    for numels in held_numel.values():
+        local, experts = sum(n for n, _ in numels), sum(e for _, e in numels)
+        whole += (local - experts) * (dp if zero >= 2 else 1) / dp + experts / (1 if zero >= 2 else edp)
     assert 0.98 * total <= whole <= 1.15 * total
 
 

@@ -5,7 +5,7 @@ A tiny Hugging Face Llama that transformers saves here loads under dp2 x tp2, Ze
 its own layers); its first loss equals transformers' own model loaded by ``from_pretrained`` on the
 same batch (fp32, 1e-4), and ``save_pretrained`` writes back the same tensors, with the config, in a
 directory ``from_pretrained`` loads. A zoo model saved under ZeRO-3 dp4 loads under pp2 x dp2 (and
-moe-tiny under ep2). Clipping by the global norm (SGD, so that a wrong norm shows in the parameters) matches
+moe-tiny under ep2, and under pp2 x dp2 with ep2). Clipping by the global norm (SGD, so that a wrong norm shows in the parameters) matches
 ``torch.nn.utils.clip_grad_norm_`` in one process under TP, FSDP, pipeline and expert parallelism.
 A checkpoint of another size is refused, naming the first parameter; through ``meshplan run`` bad
 ``--init-from`` input exits 2 with one line before torchrun starts."""
@@ -51,7 +51,10 @@ HF_CASES = {"dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatche
             "tied pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=2, micro_batch=2, num_microbatches=2)}
 HF_TIED = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict(pp=2, dp=2, nmb=2)),
-             "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3))}
+             "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3)),
+             # each stage reads its own layers' experts, and of those its ep rank's slice
+             "moe zero3 dp4 -> pp2 x dp2 ep2 zero2": ("moe-tiny", dict(dp=4, zero=3),
+                                                      dict(pp=2, dp=2, ep=2, zero=2, nmb=2))}
 
 
 def _tied(name: str) -> bool:
