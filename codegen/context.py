@@ -21,9 +21,10 @@ shares of the global batch, so data parallelism over the flattened dp x cp ranks
 ``meshplan.runtime.context``). The runtime back end is ``meshplan.runtime.context``; PyTorch's own
 ``context_parallel`` has no CPU attention (see there).
 
-Refused for now: cp with pipeline parallelism (the schedules feed whole sequences to the first
-stage and would need the sequence cut there too) and cp with expert parallelism (expert shards
-would need their gradients averaged over edp x cp, not edp).
+Under pipeline parallelism each rank cuts its tokens before the schedule runs, so every stage runs on
+its cp rank's share and hands on ``seq_len / cp`` tokens; a stage's model forward gets the global
+``position_ids`` of those tokens (``Stage.position_ids``) where the model takes them. Refused for now:
+cp with expert parallelism (expert shards would need their gradients averaged over edp x cp, not edp).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from ..ir import InvalidPlanError, ModelStructure, Plan
 from . import safe
-from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, Step
+from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, SplitPipeline, Step
 
 DATA_AXIS = "dp_cp"  # the flattened dp x cp axis that data parallelism runs over under cp
 ATTENTION, EMBEDDING = "attn", "embed"  # the zoo's modules that see positions: layers.N.attn, embed
@@ -41,10 +42,6 @@ ATTENTION, EMBEDDING = "attn", "embed"  # the zoo's modules that see positions: 
 def check_context_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
     """Raise for context-parallel plans the runtime cannot execute, with the numbers."""
     m = plan.mesh
-    if m.pp > 1:
-        raise InvalidPlanError(f"context parallelism (cp={m.cp}) with pipeline parallelism (pp={m.pp}) is not "
-                               "supported by the runtime yet (the pipeline schedules feed whole sequences to the "
-                               "first stage); plan with pp=1 or cp=1")
     if m.ep > 1:
         raise InvalidPlanError(f"context parallelism (cp={m.cp}) with expert parallelism (ep={m.ep}) is not "
                                "supported by the runtime yet (expert shards would need their gradients averaged "
@@ -185,6 +182,10 @@ def get_batch(step: int, seed: int, dp_rank: int, cp_rank: int, data: TokenFile 
             sequence_share(targets, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE))
 '''
 
+# under pipelining the schedule calls each stage's model forward: the stage passes them on (runtime.pipeline.Stage)
+STAGE_POSITIONS = ("    for module in stage_modules:  # each stage's model forward gets them as position_ids\n"
+                   "        module.position_ids = cp_positions\n")
+
 # (old, new) replacements in codegen.script.LOOP; each must be there (checked), so that a change to the
 # plain loop shows up here as an error rather than as a silently different cp loop
 LOOP_CHANGES = (
@@ -219,5 +220,8 @@ def script_parts(program: Program, parts: SimpleNamespace | ModuleType) -> Simpl
             raise AssertionError(f"codegen.context: the training loop no longer has {old.strip()!r}; "
                                  "update LOOP_CHANGES to the new loop")
         loop = loop.replace(old, new)
+    if any(isinstance(s, SplitPipeline) for s in program.steps) and program.source.get("kind") != "zoo":
+        positions = LOOP_CHANGES[0][1].splitlines()[-1] + "\n"
+        loop = loop.replace(positions, positions + STAGE_POSITIONS)
     out.LOOP = loop
     return out

@@ -151,13 +151,13 @@ def _mesh_dims(plan: Plan) -> tuple[tuple[str, int], ...]:
     dims = ([("pp", plan.mesh.pp)] if plan.mesh.pp > 1 else []) + [("dp", plan.mesh.dp)]
     dims = hybrid.split_dp(plan, dims)  # HSDP: ("dp", dp // zero_group), ("dp_shard", zero_group)
     hsdp = pipeline_lower.hsdp_for_plain_dp(plan) or expert.hsdp_for_plain_dp(plan)
-    if hsdp and plan.mesh.dp > 1 and plan.mesh.tp == 1:
-        dims.append(("dp_shard", 1))
     if plan.mesh.cp > 1:
         dims.append(("cp", plan.mesh.cp))
+    # after cp: the replicate axis of that HSDP is dp x cp flattened (``FlattenMesh``), which needs dp, cp adjacent
+    m = plan.mesh
+    if m.dp * m.cp > 1 and ((hsdp and m.tp == 1) or (m.tp > 1 and plan.zero_stage == 0)):
+        dims.append(("dp_shard", 1))
     if plan.mesh.tp > 1:
-        if plan.zero_stage == 0 and plan.mesh.dp * plan.mesh.cp > 1:
-            dims.append(("dp_shard", 1))
         dims.append(("tp", plan.mesh.tp))
     return tuple(dims)
 

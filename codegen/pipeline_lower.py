@@ -101,9 +101,10 @@ def pipelined(plan: Plan, steps: list[Step], s: ModelStructure) -> list[Step]:
             # DDP breaks under pipelining (see check_pipeline); FSDP2 in HSDP form with a shard
             # group of 1 is plain DP, its gradient all-reduce driven by the schedule (as lower does
             # for plain DP with TP: blocks, then the root)
-            out += [FullyShard(module=s.block_path(i), mesh_axes=("dp", "dp_shard"), reshard_after_forward=False)
+            axes = (step.mesh_axis, "dp_shard")  # dp, or dp x cp flattened under context parallelism
+            out += [FullyShard(module=s.block_path(i), mesh_axes=axes, reshard_after_forward=False)
                     for i in range(plan.stages[-1][1])]
-            out.append(FullyShard(module="", mesh_axes=("dp", "dp_shard"), reshard_after_forward=False))
+            out.append(FullyShard(module="", mesh_axes=axes, reshard_after_forward=False))
         else:
             out.append(step)
     return out

@@ -201,6 +201,9 @@ class Stage(nn.Module):
             copy: embedding for embedding, copy in tied_across(model, tuple(first_parts), tuple(last_parts))}
         self.parts = (blocks, tuple(first_parts), tuple(last_parts))
         self.seq_factor, self.call_kwargs = seq_factor, dict(call_kwargs or {})
+        # under context parallelism, the global positions (1, s / cp) of this rank's tokens, for a model whose
+        # forward takes position_ids (runtime.context); None: the model's forward numbers the tokens itself
+        self.position_ids: torch.Tensor | None = None
         self.incoming: torch.Tensor | None = None
         if not embeds and first < last:
             block = self.get_submodule(f"{blocks}.{first}")
@@ -228,8 +231,11 @@ class Stage(nn.Module):
         else:  # the model's forward builds its tables for the whole sequence the stream stands for
             self.incoming = x
             ids = torch.zeros(x.shape[0], x.shape[1] * self.seq_factor, dtype=torch.long, device=x.device)
+        kwargs = self.call_kwargs
+        if self.position_ids is not None:
+            kwargs = {**kwargs, "position_ids": self.position_ids.expand(ids.shape[0], -1)}
         try:
-            out = self._root(ids, **self.call_kwargs)
+            out = self._root(ids, **kwargs)
         except StageDone as done:
             return done.hidden
         finally:

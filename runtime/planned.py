@@ -101,6 +101,10 @@ class PlannedModule:
         self._source_kind = source_kind(program)  # zoo, hf, builder or module (codegen.model_source)
         self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
         if self.pipeline is not None:
+            if self.sequence.cp_size > 1 and self._source_kind != "zoo":  # each stage's forward: global positions
+                local = torch.zeros(1, program.seq_len // self.sequence.cp_size, device=self.device)
+                for stage in self.pipeline.modules:
+                    stage.position_ids = self.sequence.positions(local)
             build_schedule(self.pipeline, program, self.device, loss_fn)
         self.steps_done = 0  # optimizer steps taken by step() or restored by load(): the data position
 

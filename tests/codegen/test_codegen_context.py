@@ -63,11 +63,19 @@ def test_unsupported_context_plans_say_why(kwargs, message) -> None:
     assert message in str(err.value)
 
 
-def test_cp_with_pipeline_is_refused() -> None:
+def test_cp_with_pipeline_splits_then_cuts_each_stages_attention_and_replicates_over_dp_cp() -> None:
+    """pp beside cp: SplitPipeline first, each block's attention made context-parallel where its stage holds it,
+    plain DP as HSDP over the flattened dp x cp axis (dp_shard after cp, so dp and cp stay adjacent to flatten)."""
     p = dataclasses.replace(plan("llama"), mesh=ir.Mesh(pp=2, cp=2), stages=((0, 2), (2, 4)), schedule="gpipe",
                             num_microbatches=2, micro_batch_size=4)
-    with pytest.raises(ir.InvalidPlanError, match=r"cp=2\) with pipeline parallelism \(pp=2\) is not supported"):
-        lower(p)
+    program = lower(p)
+    assert program.mesh.dims == (("pp", 2), ("dp", 1), ("cp", 2), ("dp_shard", 1))
+    kinds = program.kinds()
+    assert kinds[:3] == ("BuildMesh", "SplitPipeline", "FlattenMesh")
+    assert [s.module for s in program.steps if isinstance(s, ContextParallel)] == [
+        f"layers.{i}.attn" for i in range(4)]
+    shards = [s for s in program.steps if isinstance(s, FullyShard)]
+    assert shards and all(s.mesh_axes == ("dp_cp", "dp_shard") and not s.reshard_after_forward for s in shards)
 
 
 def test_context_steps_check_themselves() -> None:

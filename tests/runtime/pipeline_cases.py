@@ -31,12 +31,12 @@ def megatron_stages(layers: int, pp: int, vp: int, **flags) -> tuple[tuple[int, 
     return bounds(megatron_counts(layers, pp, vp, **flags))
 
 
-def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, ep: int = 1, zero: int = 0, sp: bool = False,
-                  nmb: int = 2, schedule: str = "1f1b", vp: int = 1, stages: tuple = (),
+def pipeline_plan(model: str, *, pp: int, dp: int = 1, tp: int = 1, ep: int = 1, cp: int = 1, zero: int = 0,
+                  sp: bool = False, nmb: int = 2, schedule: str = "1f1b", vp: int = 1, stages: tuple = (),
                   recompute: tuple[str, ...] = (), layers: int | None = None) -> ir.Plan:
     cfg = zoo.config(model, **({"layers": layers} if layers else {})).to_dict()
     return ir.Plan(model=cfg, cluster="cpu:1x8", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
-                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp, ep=ep), zero_stage=zero, sequence_parallel=sp,
+                   mesh=ir.Mesh(pp=pp, dp=dp, tp=tp, ep=ep, cp=cp), zero_stage=zero, sequence_parallel=sp,
                    micro_batch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb, schedule=schedule, vp=vp,
                    stages=tuple(stages) or even_stages(cfg["layers"], pp * vp),
                    recompute=recompute or ("none",) * cfg["layers"], dtype="float32")

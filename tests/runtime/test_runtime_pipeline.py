@@ -45,6 +45,11 @@ CASES_4 = [
     dict(name="moe pp2 dp2 ep2 zero2 1f1b", model="moe-tiny", plan=dict(pp=2, dp=2, ep=2, zero=2)),
     dict(name="moe pp2 dp2 ep2 zero0 interleaved full", model="moe-tiny",
          plan=dict(pp=2, dp=2, ep=2, schedule="interleaved-1f1b", vp=2, recompute=FULL)),
+    # pp x cp: each rank cuts its tokens before the schedule; every stage runs on them and hands them on
+    dict(name="llama pp2 cp2 zero2 1f1b", model="llama-tiny", plan=dict(pp=2, cp=2, zero=2)),
+    # GPT's learned positions are added on the first stage (ContextParallel(embed)); plain DP over dp x cp
+    dict(name="gpt pp2 cp2 zero0 interleaved selective", model="gpt-tiny",
+         plan=dict(pp=2, cp=2, schedule="interleaved-1f1b", vp=2, recompute=SEL)),
 ]
 CASES_2 = [
     dict(name="gpt gpipe full", model="gpt-tiny", plan=dict(pp=2, schedule="gpipe", recompute=FULL)),
@@ -85,8 +90,9 @@ def _check_holdings(ranks: list[dict], case: dict) -> None:
     """Each rank holds its stages (c % pp == its pp rank) and their layers only; the embedding on
     the first stage's rank, the head on the last's; parameters divided by tp, and by dp for ZeRO-2/3."""
     plan = pipeline_plan(case["model"], **case["plan"])
-    pp, dp, tp, zero = plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage
-    edp = dp // plan.mesh.ep  # the replicas of an expert shard
+    pp, tp, zero = plan.mesh.pp, plan.mesh.tp, plan.zero_stage
+    dp = plan.mesh.dp * plan.mesh.cp  # cp ranks see other tokens: data-parallel too
+    edp = plan.mesh.dp // plan.mesh.ep  # the replicas of an expert shard
     total = sum(t.numel() for t in ranks[0][case["name"]]["params"].values())
     held_numel = {}
     for result in (r[case["name"]] for r in ranks):

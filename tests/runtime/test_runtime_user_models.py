@@ -106,6 +106,10 @@ def plans() -> dict[str, mp.Plan]:
         "hf llama cp2 x tp2 sp": dataclasses.replace(
             _with_cp(_plan(HF_LLAMA, dp=2, tp=2, zero=0, sp=True, micro_batch=4, num_microbatches=1), dp=1, cp=2),
             param_layouts={}),
+        # ... beside pipeline parallelism: each rank cuts its tokens before the schedule, and every stage's model
+        # forward gets their global position_ids (runtime.pipeline.Stage.position_ids)
+        "hf llama pp2 x cp2 zero2": _with_cp(_plan(HF_LLAMA_4, pp=2, dp=2, tp=1, zero=2, micro_batch=2,
+                                                   num_microbatches=2), dp=1, cp=2),
         "hf mixtral ep2 x dp4 zero3": _plan(HF_MIXTRAL, dp=4, tp=1, ep=2, zero=3, micro_batch=2, num_microbatches=1),
         "hf gpt2 dp2 x tp2": _plan(HF_GPT2, dp=2, tp=2, zero=2, micro_batch=4, num_microbatches=1),
         META_TIED: _plan(HF_GPT2, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
@@ -176,7 +180,8 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf llama dp2 x tp2 sp (solver's layouts)", "nanogpt dp2 x tp2 sp",
                                   "nanogpt dp2 x tp2",
                                   "hf llama pp2 x dp2", "hf llama pp2 x tp2 sp", "hf llama pp2 x dp2 vp2 zero3",
-                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", META_TIED, "hf opt dp2 x tp2",
+                                  "hf llama dp2 x cp2", "hf llama cp2 x tp2 sp", "hf llama pp2 x cp2 zero2",
+                                  META_TIED, "hf opt dp2 x tp2",
                                   "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
                                   "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)"])
