@@ -43,6 +43,9 @@ CASES_4 = [
          plan=dict(pp=2, tp=2, sp=True, schedule="gpipe", recompute=SEL)),
     # pp x ep: each stage's experts split over the ep ranks of that stage (its dp ranks)
     dict(name="moe pp2 dp2 ep2 zero2 1f1b", model="moe-tiny", plan=dict(pp=2, dp=2, ep=2, zero=2)),
+    # zero bubble defers each stage's weight gradients past the input gradients, through the experts' all-to-all
+    dict(name="moe pp2 dp2 ep2 zero2 zero-bubble", model="moe-tiny",
+         plan=dict(pp=2, dp=2, ep=2, zero=2, nmb=4, schedule="zero-bubble")),
     dict(name="moe pp2 dp2 ep2 zero0 interleaved full", model="moe-tiny",
          plan=dict(pp=2, dp=2, ep=2, schedule="interleaved-1f1b", vp=2, recompute=FULL)),
     # pp x cp: each rank cuts its tokens before the schedule; every stage runs on them and hands them on
