@@ -23,30 +23,21 @@ shares of the global batch, so data parallelism over the flattened dp x cp ranks
 
 Under pipeline parallelism each rank cuts its tokens before the schedule runs, so every stage runs on
 its cp rank's share and hands on ``seq_len / cp`` tokens; a stage's model forward gets the global
-``position_ids`` of those tokens (``Stage.position_ids``) where the model takes them. Refused for now:
-cp with expert parallelism (expert shards would need their gradients averaged over edp x cp, not edp).
+``position_ids`` of those tokens (``Stage.position_ids``) where the model takes them. Beside expert
+parallelism an expert shard is data-parallel over edp x cp (``codegen.expert``).
 """
 from __future__ import annotations
 
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from ..ir import InvalidPlanError, ModelStructure, Plan
+from ..ir import ModelStructure, Plan
 from . import safe
+from .expert import on_expert_mesh
 from .program import ContextParallel, DataParallel, FlattenMesh, FullyShard, Program, SplitPipeline, Step
 
 DATA_AXIS = "dp_cp"  # the flattened dp x cp axis that data parallelism runs over under cp
 ATTENTION, EMBEDDING = "attn", "embed"  # the zoo's modules that see positions: layers.N.attn, embed
-
-
-def check_context_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
-    """Raise for context-parallel plans the runtime cannot execute, with the numbers."""
-    m = plan.mesh
-    if m.ep > 1:
-        raise InvalidPlanError(f"context parallelism (cp={m.cp}) with expert parallelism (ep={m.ep}) is not "
-                               "supported by the runtime yet (expert shards would need their gradients averaged "
-                               "over edp x cp); plan with ep=1 or cp=1")
-    # seq_len % (cp [* tp with sp]) == 0 is checked by ir.Plan itself
 
 
 def load_balance(plan: Plan) -> bool:
@@ -97,6 +88,8 @@ def context_step(program: Program) -> ContextParallel | None:
 def flatten_mesh_lines(step: FlattenMesh, target: str) -> tuple[str, list[str]]:
     axes = ", ".join(f'"{safe.name(a, "FlattenMesh.axes entry")}"' for a in step.axes)
     name = safe.name(step.name, "FlattenMesh.name")
+    if on_expert_mesh(step.axes):  # after the expert mesh is built
+        return "parallelize", [f'expert_mesh[{axes}]._flatten("{name}")  # then expert_mesh["{name}"] names those ranks']
     return "mesh", [f'mesh[{axes}]._flatten("{name}")  # then mesh["{name}"] names those ranks']
 
 
@@ -108,6 +101,9 @@ def context_parallel_lines(step: ContextParallel, target: str) -> tuple[str, lis
 
 def comment(step: Step) -> str | None:
     """The comment above a context-parallel step (lines joined by newlines), or None for other steps."""
+    if isinstance(step, FlattenMesh) and on_expert_mesh(step.axes):
+        return ("# an expert shard's replicas: its edp ranks times the cp ranks (each sees other tokens of the same "
+                "sequences),\n# one axis its gradients are averaged over")
     if isinstance(step, FlattenMesh) and step.name != DATA_AXIS:
         return (f"# one axis over {' x '.join(step.axes)}: the full data-parallel rank, for slicing the batch "
                 "and averaging the loss")

@@ -14,8 +14,11 @@ pair of meshes (``dp_shard_mod_ep`` x ``dp_shard_in_ep``) and orders the steps t
 (``apply_moe_ep_tp`` before ``apply_ac`` before ``apply_fsdp``, experts sharded before their block).
 
 Plain DP (zero 0) becomes HSDP with a shard group of 1 for both meshes (DDP semantics; DDP over the
-root would all-reduce the expert shards over all of dp). Why the gradients come out right, and the
-dispatch itself: ``meshplan.runtime.expert``.
+root would all-reduce the expert shards over all of dp). Under context parallelism an ep group is the
+ep ranks of one cp rank (its tokens are that cp rank's share of each sequence), and an expert shard is
+data-parallel over edp x cp, flattened on the expert mesh (``FlattenMesh(edp, cp -> edp_cp)``), as the
+rest of the model is over dp x cp. Why the gradients come out right, and the dispatch itself:
+``meshplan.runtime.expert``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,11 @@ from typing import Any
 
 from ..ir import InvalidPlanError, ModelStructure, Plan
 from . import safe
-from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FullyShard, Step
+from .program import EXPERT_AXES, ExpertMesh, ExpertParallel, FlattenMesh, FullyShard, Step
+
+# under context parallelism an expert shard's replicas are its edp ranks times the cp ranks (each sees other tokens),
+# flattened into one axis of the expert mesh that FSDP averages its gradients over
+EXPERT_DATA_AXIS = "edp_cp"
 
 # the stacked experts of a MoE block are at ``structure.experts`` in each block but ``structure.dense_blocks``
 # (DeepSeek-V3's leading dense layers): the zoo's ``mlp.experts`` (w1, w3: (E, h, f); w2: (E, f, h)), Hugging
@@ -47,7 +54,7 @@ def check_expert_parallel(plan: Plan, cfg: dict[str, Any]) -> None:
     if m.dp % m.ep:
         folded = (" (it takes tp ranks too: Megatron-Core's MoE folding, which `meshplan export --to megatron` "
                   "writes)" if m.ep_over_tp else "")
-        raise InvalidPlanError(f"the runtime folds ep inside dp (context parallelism is not executed yet), but "
+        raise InvalidPlanError(f"the runtime folds ep inside dp (not dp x cp, as Megatron-Core may), but "
                                f"ep({m.ep}) does not divide dp({m.dp}){folded}; use an ep that divides {m.dp}")
     if plan.zero_stage == 1:
         raise InvalidPlanError(f"zero_stage 1 with ep({m.ep}) > 1 is not supported by the runtime yet "
@@ -67,6 +74,8 @@ def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], s: Model
     for name, size in mesh_dims:
         dims += [("edp", dp // ep), ("ep", ep)] if name == "dp" else [(name, size)]
     steps: list[Step] = [ExpertMesh(dims=tuple(dims))]
+    if plan.mesh.cp > 1:  # the cp ranks of an expert shard see other tokens: its replicas are edp x cp
+        steps.append(FlattenMesh(axes=("edp", "cp"), name=EXPERT_DATA_AXIS))
     num_experts = int(plan.model["experts"])
     steps += [ExpertParallel(module=f"{s.block_path(i)}.{s.experts}", num_experts=num_experts, ep_size=ep)
               for i in s.expert_blocks()]
@@ -75,15 +84,15 @@ def expert_parallel(plan: Plan, mesh_dims: tuple[tuple[str, int], ...], s: Model
 
 def expert_data_parallel(plan: Plan, s: ModelStructure) -> list[Step]:
     """FSDP of each block's expert shard over edp: HSDP-as-DDP (zero 0) or ZeRO-2/3 over edp."""
-    zero = plan.zero_stage
-    axes = ("edp", "dp_shard") if zero == 0 else ("edp",)
+    zero, edp = plan.zero_stage, EXPERT_DATA_AXIS if plan.mesh.cp > 1 else "edp"
+    axes = (edp, "dp_shard") if zero == 0 else (edp,)
     return [FullyShard(module=f"{s.block_path(i)}.{s.experts}", mesh_axes=axes, reshard_after_forward=zero == 3)
             for i in s.expert_blocks()]
 
 
 def on_expert_mesh(axes: tuple[str, ...]) -> bool:
     """Whether mesh axes name the expert mesh (``expert_mesh`` in a script) rather than BuildMesh's."""
-    return any(axis in EXPERT_AXES for axis in axes)
+    return any(axis in EXPERT_AXES or axis == EXPERT_DATA_AXIS for axis in axes)
 
 
 # ---- printing (codegen.emit.EMITTERS) ---------------------------------------------------------

@@ -95,8 +95,6 @@ def check_supported(plan: Plan, cfg: dict[str, Any]) -> None:
     m, s = plan.mesh, cfg["structure"]
     hybrid.check_hybrid(plan)
     _check_model_modules(plan, cfg)
-    if m.cp > 1:
-        context.check_context_parallel(plan, cfg)
     if m.ep > 1:
         expert.check_expert_parallel(plan, cfg)
     if plan.zero_stage == 1 and m.tp > 1:

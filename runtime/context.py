@@ -57,6 +57,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.overrides import TorchFunctionMode
 
 from ..codegen import ContextParallel, FlattenMesh, Program
+from ..codegen.expert import on_expert_mesh
 from ..ir import InvalidPlanError
 
 if TYPE_CHECKING:
@@ -271,8 +272,10 @@ def context_parallel(module: nn.Module, cp_mesh: DeviceMesh, *, load_balance: bo
 # ---- the runtime's executors (interpret.EXECUTORS) and what PlannedModule.step needs ------------
 
 def flatten_mesh(step: FlattenMesh, state: State) -> None:
-    """``mesh[axes]._flatten(name)``: afterwards ``mesh[name]`` is the axes' ranks as one axis."""
-    state.mesh[step.axes]._flatten(step.name)
+    """``mesh[axes]._flatten(name)``: afterwards ``mesh[name]`` is the axes' ranks as one axis (on the expert
+    mesh where the axes are its own: an expert shard's edp x cp replicas, ``codegen.expert``)."""
+    mesh = state.expert_mesh if on_expert_mesh(step.axes) else state.mesh
+    mesh[step.axes]._flatten(step.name)
 
 
 def context_parallel_step(step: ContextParallel, state: State) -> None:
@@ -314,6 +317,6 @@ def sequence_split(program: Program, mesh: DeviceMesh) -> SequenceSplit:
 def data_group(program: Program, mesh: DeviceMesh) -> tuple[Any, int]:
     """The ranks that see different tokens, over which a loss is averaged: (group, size). dp, or the
     flattened dp x cp axis under context parallelism."""
-    flat = next((s for s in program.steps if isinstance(s, FlattenMesh)), None)
+    flat = next((s for s in program.steps if isinstance(s, FlattenMesh) and not on_expert_mesh(s.axes)), None)
     sub = mesh[flat.name if flat is not None else program.dp_axis]
     return sub.get_group(), sub.size()

@@ -13,7 +13,8 @@ Rules, so that every candidate is one the runtime can execute and the topology r
   activations (Korthikanti et al. 2022, sec. 4.2.2), so plain TP never wins on our cost model.
 * ``cp`` splits the sequence; a rank keeps at least ``MIN_CP_TOKENS`` tokens. ZeRO shards over the
   dp x cp ranks (every one sees other tokens), so it needs ``dp * cp > 1``; beside pp each rank cuts its
-  tokens before the schedule (``CP_WITH_PP``); the runtime has no cp beside ep yet: ``CP_WITH_EP``.
+  tokens before the schedule (``CP_WITH_PP``); beside ep an expert shard is data-parallel over edp x cp
+  (``CP_WITH_EP``; ep itself is taken from dp alone, ``EP_OVER_CP`` is Megatron's).
 * ``ep`` divides the experts and ``dp * cp`` (Megatron-Core folds experts inside data parallelism);
   under pipelining each stage's experts are split over the ep ranks of that stage (``EP_WITH_PP``).
 * ``pp * vp <= layers``; interleaving needs the micro-batch count to divide by ``pp``; 1F1B needs at
@@ -64,7 +65,7 @@ OFFLOAD_WITH_RECOMPUTE = "offload_rc"  # with CPU offloading"); offloading besid
 # "CPU offloading does not work when activation recomputation is enabled", TransformerConfig.__post_init__)
 RUNTIME = frozenset({"tp", "sp", "zero1", "zero2", "zero3", "moe_tp", "ep", "pp", "cp", "hsdp",
                      "tp_replicate", "sp_whole_attn", "gpipe", "zero_bubble", "offload", "offload_pp",
-                     "offload_rc", EP_WITH_PP, CP_WITH_PP})  # grows with it
+                     "offload_rc", EP_WITH_PP, CP_WITH_PP, CP_WITH_EP})  # grows with it
 # What Megatron-Core runs (plans costed for its presets, ``plan --software``): TP with SP, the distributed
 # optimizer (ZeRO-1) beside every other axis, Megatron-FSDP as ZeRO-3, EP (with TP for the experts, or folded
 # over the tp ranks with the experts whole), PP

@@ -52,15 +52,19 @@ def test_load_balance_needs_two_chunks_per_rank() -> None:
     assert not any(s.load_balance for s in lower(p).steps if isinstance(s, ContextParallel))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(family="moe", dp=2, cp=2, ep=2), "context parallelism (cp=2) with expert parallelism (ep=2) is not "
-                                           "supported by the runtime yet"),
-])
-def test_unsupported_context_plans_say_why(kwargs, message) -> None:
-    family = kwargs.pop("family", "gpt")
-    with pytest.raises(ir.InvalidPlanError) as err:
-        lower(plan(family, **kwargs))
-    assert message in str(err.value)
+def test_cp_with_ep_averages_expert_shards_over_edp_x_cp() -> None:
+    """An ep group is the dp ranks of one cp rank; an expert shard's replicas are its edp ranks times the cp ranks,
+    flattened on the expert mesh, as the rest of the model is data-parallel over dp x cp."""
+    program = lower(plan("moe", dp=2, cp=2, ep=2, zero=2))
+    flats = [s for s in program.steps if isinstance(s, FlattenMesh)]
+    assert [(f.axes, f.name) for f in flats] == [(("dp", "cp"), "dp_cp"), (("edp", "cp"), "edp_cp")]
+    experts = [s for s in program.steps if isinstance(s, FullyShard) and "experts" in s.module]
+    assert len(experts) == 4 and all(s.mesh_axes == ("edp_cp",) for s in experts)
+    others = [s for s in program.steps if isinstance(s, FullyShard) and "experts" not in s.module]
+    assert others and all(s.mesh_axes == ("dp_cp",) for s in others)
+    src = emit_source(plan("moe", dp=2, cp=2, ep=2, zero=0))
+    assert 'expert_mesh["edp", "cp"]._flatten("edp_cp")' in src
+    assert 'mesh=expert_mesh["edp_cp", "dp_shard"]' in src
 
 
 def test_cp_with_pipeline_splits_then_cuts_each_stages_attention_and_replicates_over_dp_cp() -> None:

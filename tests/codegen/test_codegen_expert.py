@@ -1,5 +1,5 @@
 """Expert parallelism in the Program and in the emitted script: which steps, in which order, what is
-refused; and emitted ep x dp and pp x ep scripts run with torchrun against one process."""
+refused; and emitted pp x ep and cp x ep scripts run with torchrun against one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +52,8 @@ def test_ep_beside_tp_keeps_tp_innermost() -> None:
     (dict(family="llama", dp=2, ep=2), "expert parallelism (ep=2) needs a MoE model"),
     (dict(dp=3, ep=3), "experts(4) does not divide by ep(3); use an ep that divides 4"),
     (dict(dp=4, ep=2, zero=1), "zero_stage 1 with ep(2) > 1 is not supported by the runtime yet"),
-    (dict(dp=2, cp=2, ep=4), "context parallelism (cp=2) with expert parallelism (ep=4) is not supported"),
+    (dict(dp=2, cp=2, ep=4), "the runtime folds ep inside dp (not dp x cp, as Megatron-Core may), but ep(4) does "
+                             "not divide dp(2)"),
     (dict(dp=2, tp=2, ep=4, sp=True), "ep(4) does not divide dp(2) (it takes tp ranks too: Megatron-Core's MoE "
                                       "folding, which `meshplan export --to megatron` writes)"),
 ])
@@ -120,11 +121,13 @@ def test_scripts_without_ep_do_not_import_the_dispatch() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pipelined", [False, True], ids=["dp4 ep2", "pp2 x dp2 ep2 zero2"])
-def test_emitted_ep_script_matches_one_process(tmp_path, pipelined) -> None:
-    """(The runtime back end of the same steps is checked in-process: tests/runtime/test_runtime_expert.py.)"""
-    p = (_ep_pipelined(zero=2) if pipelined else
-         dataclasses.replace(plan("moe", dp=4, ep=2, nmb=2), global_batch=8, micro_batch_size=1))
+@pytest.mark.parametrize("beside", ["pp", "cp"], ids=["pp2 x dp2 ep2 zero2", "dp2 x cp2 ep2 zero0"])
+def test_emitted_ep_script_matches_one_process(tmp_path, beside) -> None:
+    """ep over the dp ranks of each pipeline stage, or of each cp rank (the expert shards then data-parallel over
+    edp x cp, HSDP-as-DDP). (The runtime back end of the same steps is checked in-process:
+    tests/runtime/test_runtime_expert.py, test_runtime_pipeline.py and test_runtime_context.py.)"""
+    p = (_ep_pipelined(zero=2) if beside == "pp" else
+         dataclasses.replace(plan("moe", dp=2, cp=2, ep=2, nmb=2), global_batch=8, micro_batch_size=2))
     script = tmp_path / "train_ep.py"
     script.write_text(emit_source(p))
     losses = _losses(_torchrun([str(script)], tmp_path))

@@ -108,8 +108,6 @@ def test_recompute_per_layer_between_tp_and_fsdp() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(family="moe", dp=2, cp=2, ep=2), "context parallelism (cp=2) with expert parallelism (ep=2) is not "
-                                           "supported by the runtime yet"),
     (dict(dp=2, ep=2), "expert parallelism (ep=2) needs a MoE model, but plan.model is family 'gpt'"),
     (dict(dp=2, tp=2, zero=1), "zero_stage 1 with tp(2) > 1 is not supported by the runtime yet"),
     (dict(family="llama", tp=4), "kv_heads(2) does not divide by tp(4)"),

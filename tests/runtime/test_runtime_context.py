@@ -23,6 +23,9 @@ CASES_4 = [
     dict(name="llama cp4 zero3", model="llama-tiny", plan=dict(cp=4, zero=3)),
     # a hand-written loop: pm.local_batch, pm.module, pm.optimizer, the loss averaged over pm.loss_group
     dict(name="llama dp2 x cp2 zero2 hand", model="llama-tiny", plan=dict(dp=2, cp=2, zero=2), mode="hand"),
+    # ep beside cp: an ep group is the dp ranks of one cp rank; an expert shard is data-parallel over edp x cp
+    dict(name="moe dp2 x cp2 ep2 zero2", model="moe-tiny", plan=dict(dp=2, cp=2, ep=2, zero=2)),
+    dict(name="moe dp2 x cp2 ep2 zero0 full", model="moe-tiny", plan=dict(dp=2, cp=2, ep=2, nmb=2, recompute=FULL)),
 ]
 CASES_2 = [
     dict(name="gpt cp2 zero0", model="gpt-tiny", plan=dict(cp=2, nmb=2)),
@@ -94,6 +97,12 @@ def test_each_rank_holds_its_tokens_and_its_share(ranks4, case) -> None:
     assert all(r["local_shape"] == [GLOBAL_BATCH // dp, SEQ_LEN // cp] for r in results)
     assert sorted({r["cp_rank"] for r in results}) == list(range(cp))
     assert all(r["swapped"] == layers + (case["model"] == "gpt-tiny") for r in results)  # attention, gpt's positions
-    total = sum(t.numel() for t in results[0]["params"].values())
-    share = 1 / ((dp * cp if zero >= 2 else 1) * tp)
+    params = results[0]["params"]
+    total = sum(t.numel() for t in params.values())
+    experts = sum(t.numel() for name, t in params.items() if ".experts." in name)
+    # 1/tp, and 1/(dp cp) under ZeRO-2/3; an expert stack 1/ep, and 1/(edp cp) under ZeRO-2/3
+    ep = p.get("ep", 1)
+    dense_share = 1 / ((dp * cp if zero >= 2 else 1) * tp)
+    expert_share = 1 / (ep * (dp // ep * cp if zero >= 2 else 1) * tp)
+    share = (dense_share * (total - experts) + expert_share * experts) / total
     assert 0.95 * share <= results[0]["local_numel"] / total <= 1.15 * share
