@@ -89,7 +89,7 @@ def flatten_mesh_lines(step: FlattenMesh, target: str) -> tuple[str, list[str]]:
     axes = ", ".join(f'"{safe.name(a, "FlattenMesh.axes entry")}"' for a in step.axes)
     name = safe.name(step.name, "FlattenMesh.name")
     if on_expert_mesh(step.axes):  # after the expert mesh is built
-        return "parallelize", [f'expert_mesh[{axes}]._flatten("{name}")  # then expert_mesh["{name}"] names those ranks']
+        return "parallelize", [f'expert_mesh[{axes}]._flatten("{name}")  # then expert_mesh["{name}"] names them']
     return "mesh", [f'mesh[{axes}]._flatten("{name}")  # then mesh["{name}"] names those ranks']
 
 
