@@ -12,13 +12,15 @@ from pipeline_cases import megatron_stages, pipeline_plan
 
 FULL, SEL = ("full",) * 4, ("selective",) * 4
 
-CASES_8 = [  # pp=2 x dp=2 x tp=2
+CASES_8 = [  # pp=2 x dp=2 x tp=2 (or cp=2)
     dict(name="llama 1f1b zero3 sp recompute", model="llama-tiny",
          plan=dict(pp=2, dp=2, tp=2, sp=True, zero=3, recompute=("full", "none", "selective", "none"))),
     dict(name="gpt interleaved vp2 zero0 sp", model="gpt-tiny",
          plan=dict(pp=2, dp=2, tp=2, sp=True, schedule="interleaved-1f1b", vp=2)),
     dict(name="llama zero-bubble zero2 no-sp", model="llama-tiny",
          plan=dict(pp=2, dp=2, tp=2, zero=2, schedule="zero-bubble")),
+    # pp x cp x ep: each stage's experts over the dp ranks of one cp rank, data-parallel over edp x cp
+    dict(name="moe pp2 x dp2 x cp2 ep2 zero2", model="moe-tiny", plan=dict(pp=2, dp=2, cp=2, ep=2, zero=2)),
 ]
 CASES_4 = [
     # the schedules on pp=4 (1F1B needs at least pp micro-batches)
