@@ -447,9 +447,9 @@ def run_schedule(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, n:
 
 def full_parameters(local: nn.Module, pipe: Pipeline) -> dict[str, torch.Tensor]:
     """Every parameter of the whole model as a whole tensor, on every rank: each rank gathers its
-    stages' shards (over dp and tp, experts over ep), then the pp ranks exchange their stages. A collective. A tied head's
-    copy on the last stage is reported under the embedding's name, as the one-process model names the weight
-    (the last pp rank's entry is the one kept)."""
+    stages' shards (over dp and tp, experts over ep), then the pp ranks exchange their stages. A collective.
+    A tied head's copy on the last stage is reported under the embedding's name, as the one-process model
+    names the weight (the last pp rank's entry is the one kept)."""
     own = {}
     for name, full in whole_parameters(local):  # a stage's experts gathered over its ep group
         name = clean_name(name)
