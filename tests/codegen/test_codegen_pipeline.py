@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from test_codegen_lower import plan
 from test_codegen_run import _losses, _reference, _torchrun
 
 from meshplan import ir, zoo
-from meshplan.codegen import FullyShard, SplitPipeline, StyleKind, TensorParallel, emit_source, lower
+from meshplan.codegen import FullyShard, SplitPipeline, StyleKind, emit_source, lower
 from meshplan.runtime.pipeline import Absent, Stage, held, holds
 
 
@@ -152,9 +151,7 @@ def test_emitted_script_trains_a_tied_head(tmp_path, pins) -> None:
     pytest.importorskip("transformers")
     import meshplan as mp
     import user_models
-    from meshplan.runtime.planned import logits_of, token_cross_entropy
     from meshplan.runtime.source import build
-    from meshplan.runtime.train import synthetic_batch
 
     source = {"kind": "hf", "class": "GPT2LMHeadModel", "config": user_models.hf_gpt2_config()}
     with torch.device("meta"):
@@ -170,19 +167,31 @@ def test_emitted_script_trains_a_tied_head(tmp_path, pins) -> None:
     path.write_text(src)
     clip = 0.5
     losses = _losses(_torchrun([str(path), "--clip-grad", str(clip)], tmp_path))
+    want = _hf_reference(source, plan.model["vocab"], len(losses), clip=clip)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), atol=1e-5, rtol=1e-5)
+
+
+def _hf_reference(source: dict, vocab: int, steps: int, clip: float | None = None) -> list[float]:
+    """One process training the Hugging Face model of ``source`` as the emitted scripts do (seed 0, AdamW lr
+    1e-3, 8 sequences of 16 tokens a step), clipped to ``clip`` (and checked to clip) if given: its losses."""
+    from meshplan.runtime.planned import logits_of, token_cross_entropy
+    from meshplan.runtime.source import build
+    from meshplan.runtime.train import synthetic_batch
+
     torch.manual_seed(0)
     net = build(source)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     want = []
-    for step in range(1, len(losses) + 1):
-        x, y = synthetic_batch(plan.model["vocab"], 8, 16, 0, step)
+    for step in range(1, steps + 1):
+        x, y = synthetic_batch(vocab, 8, 16, 0, step)
         loss = token_cross_entropy(logits_of(net(x, use_cache=False)), y)
         loss.backward()
-        assert torch.nn.utils.clip_grad_norm_(net.parameters(), clip) > clip  # the case clips
+        if clip is not None:
+            assert torch.nn.utils.clip_grad_norm_(net.parameters(), clip) > clip  # the case clips
         opt.step()
         opt.zero_grad()
         want.append(loss.item())
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), atol=1e-5, rtol=1e-5)
+    return want
 
 
 @pytest.mark.slow
@@ -194,9 +203,7 @@ def test_emitted_pp_cp_script_matches_one_process(tmp_path) -> None:
     pytest.importorskip("transformers")
     import meshplan as mp
     import user_models
-    from meshplan.runtime.planned import logits_of, token_cross_entropy
     from meshplan.runtime.source import build
-    from meshplan.runtime.train import synthetic_batch
 
     source = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(num_hidden_layers=4)}
     with torch.device("meta"):
@@ -210,15 +217,5 @@ def test_emitted_pp_cp_script_matches_one_process(tmp_path) -> None:
     path = tmp_path / "train_pp_cp.py"
     path.write_text(src)
     losses = _losses(_torchrun([str(path)], tmp_path))
-    torch.manual_seed(0)
-    net = build(source)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    want = []
-    for step in range(1, len(losses) + 1):
-        x, y = synthetic_batch(plan.model["vocab"], 8, 16, 0, step)
-        loss = token_cross_entropy(logits_of(net(x, use_cache=False)), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
+    want = _hf_reference(source, plan.model["vocab"], len(losses))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), atol=1e-5, rtol=1e-5)
