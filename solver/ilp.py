@@ -41,6 +41,7 @@ inside it is no worse than the bound of the first candidate left out (``search.p
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ from ortools.sat.python import cp_model
 POLICIES = ("selective", "full", "offload")  # "offload": the layer's activations kept in host memory
 TIME_SCALE = 1e6  # seconds -> µs
 MEMORY_SCALE = 1 / 1024  # bytes -> KiB
+ROUNDING_BYTES = 16 * 1024  # more than the program's rounding of a candidate's memory terms to KiB can move them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +152,43 @@ def most_layers(cost: CandidateCost, policy: str) -> int:
         return cost.layers
     most = cost.layers - 1 if cost.offload_alone else cost.layers
     return most if cost.offload_cap is None else min(most, cost.offload_cap)
+
+
+def value_bounds(cost: CandidateCost, limit_bytes: float, pinned: str | None = None) -> tuple[float, float]:
+    """(lower, upper) bounds on the candidate's objective in this program, without solving it: the lower bound
+    from the linear relaxation's cheapest rate (every byte above the limit saved at the best seconds per byte
+    any policy offers), the upper bound from a solution that fits (no recomputation, one policy alone, or
+    selective and full filled by that rate); ``inf`` where none is found. Each allows ``ROUNDING_BYTES`` for the
+    program's rounding to KiB. The window drops a candidate whose lower bound exceeds others' upper bounds
+    (``search._within_reach``): it cannot be the program's answer."""
+    excess = cost.memory_bytes - limit_bytes
+    low, high = excess - ROUNDING_BYTES, excess + ROUNDING_BYTES  # the excess at its least and at its most
+    offered = range(len(cost.saved_bytes))
+    if pinned is not None:  # every layer under the pinned policy: the objective is known
+        r = POLICIES.index(pinned) if pinned in POLICIES else None
+        if r is not None and r not in offered:
+            return float("inf"), float("inf")
+        k = most_layers(cost, pinned) if r is not None else 0
+        saved = k * cost.saved_bytes[r] if r is not None else 0.0
+        value = cost.time_s + (k * cost.extra_time_s[r] if r is not None else 0.0)
+        return (value if low <= saved else float("inf")), (value if high <= saved else float("inf"))
+    rates = [(cost.extra_time_s[r] / cost.saved_bytes[r], r) for r in offered if cost.saved_bytes[r] > 0]
+    lower = cost.time_s if low <= 0 else cost.time_s + low * min(rates)[0] if rates else float("inf")
+    if high <= 0:
+        return lower, cost.time_s
+    upper = float("inf")
+    for r in offered:  # one policy alone
+        if cost.saved_bytes[r] > 0 and high / cost.saved_bytes[r] <= most_layers(cost, POLICIES[r]):
+            upper = min(upper, cost.time_s + math.ceil(high / cost.saved_bytes[r]) * cost.extra_time_s[r])
+    left, layers, extra = high, cost.layers, 0.0  # selective and full by rate, within the layer budget
+    for _, r in sorted(x for x in rates if x[1] < 2):
+        if left <= 0:
+            break
+        k = min(layers, math.ceil(left / cost.saved_bytes[r])) if left / cost.saved_bytes[r] <= layers else layers
+        left, layers, extra = left - k * cost.saved_bytes[r], layers - k, extra + k * cost.extra_time_s[r]
+    if left <= 0:
+        upper = min(upper, cost.time_s + extra)
+    return lower, max(upper, lower)
 
 
 def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:

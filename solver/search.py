@@ -273,6 +273,7 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
             none = estimate(s.req.graph, s.req.cluster, plan_of(s.req, s.cands[i]), software=s.req.software)
             s.costs[i] = cost_candidate(s.req, s.cands[i], none)
         kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i], pinned) <= s.limit]
+        kept = _within_reach(s, kept, pinned)
         if kept:
             problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
                                   pinned_recompute=pinned)
@@ -289,6 +290,21 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
             raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
         size *= 2
         say(f"window grows to {min(size, len(s.cands))} candidates")
+
+
+def _within_reach(s: _Search, kept: list[int], pinned: str | None) -> list[int]:
+    """The candidates of ``kept`` that can still be among the answers: the best plan, the ``REFITS`` tried after it
+    and the runners-up of ``req.top`` other strategies. A candidate whose objective's lower bound exceeds the
+    upper bound of the (top + REFITS + 1)-th best strategy cannot be (``ilp.value_bounds``), so the program
+    need not hold it: the optimum is the same, and the program small where most candidates need recomputation."""
+    bounds = {i: ilp.value_bounds(s.costs[i], s.limit, pinned) for i in kept}
+    best_of_group: dict[object, float] = {}
+    for i in kept:
+        group = s.cands[i].group
+        best_of_group[group] = min(best_of_group.get(group, float("inf")), bounds[i][1])
+    uppers = sorted(best_of_group.values())
+    reach = uppers[min(len(uppers), max(1, s.req.top) + REFITS + 1) - 1] if uppers else float("inf")
+    return [i for i in kept if bounds[i][0] <= reach * (1 + 1e-9)]
 
 
 REFITS = 8  # at most this many more candidates fitted when the ILP's choice fits slower than its objective said

@@ -43,6 +43,29 @@ def test_optimum_equals_brute_force(cost_list, limit) -> None:
         assert abs(sol.objective_s - expect) <= 1e-5 * 6 * 3 + 1e-5  # µs rounding per term
 
 
+offload_costs = st.builds(
+    ilp.CandidateCost, layers=st.integers(1, 6),
+    time_s=st.floats(0.1, 10), memory_bytes=st.floats(1e9, 100e9),
+    extra_time_s=st.tuples(st.floats(0.001, 0.2), st.floats(0.01, 0.5), st.floats(0.001, 0.3)),
+    saved_bytes=st.tuples(st.floats(0, 1e9), st.floats(0, 3e9), st.floats(0, 3e9)),
+    offload_alone=st.booleans(), offload_cap=st.none() | st.integers(0, 6),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs | offload_costs, st.floats(5e9, 80e9),
+       st.sampled_from([None, None, "none", "selective", "full", "offload"]))
+def test_value_bounds_hold_the_programs_optimum(cost, limit, pinned) -> None:
+    """The window drops a candidate by these bounds (search._within_reach): the lower one must never exceed the
+    program's optimum for the candidate alone, and the upper one must be reached by a solution that fits."""
+    lower, upper = ilp.value_bounds(cost, limit, pinned)
+    sol = ilp.solve(ilp.Problem(costs=(cost,), memory_limit_bytes=limit, pinned_recompute=pinned), time_limit_s=10)
+    if sol.candidate < 0:
+        assert sol.status == "INFEASIBLE" and upper == float("inf")
+    else:
+        assert lower <= sol.objective_s + 1e-5 * 4 and sol.objective_s <= upper + 1e-5 * 4  # µs rounding per term
+
+
 def test_memory_tight_problem_turns_recompute_on() -> None:
     fast_but_big = ilp.CandidateCost(time_s=1.0, memory_bytes=90e9, extra_time_s=(0.01, 0.03),
                                      saved_bytes=(1e9, 3e9), layers=10)
