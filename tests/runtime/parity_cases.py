@@ -111,7 +111,7 @@ def _errors(world_size: int) -> dict[str, str]:
     except ir.InvalidPlanError as exc:
         messages["world"] = str(exc)
     try:
-        apply(make_plan("moe-tiny", dp=2, cp=world_size // 2, ep=2), zoo.build("moe-tiny"))
+        apply(make_plan("gpt-tiny", dp=world_size // 2, tp=2, zero=1), zoo.build("gpt-tiny"))
     except ir.InvalidPlanError as exc:
         messages["unsupported"] = str(exc)
     try:

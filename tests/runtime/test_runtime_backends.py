@@ -68,4 +68,4 @@ def test_apply_outside_torchrun_says_how_to_launch(monkeypatch) -> None:
 
 def test_apply_refuses_unsupported_plans_before_touching_processes() -> None:
     with pytest.raises(ir.InvalidPlanError, match="not supported by the runtime yet"):
-        apply(make_plan("moe-tiny", dp=2, cp=2, ep=2), zoo.build("moe-tiny"))
+        apply(make_plan("gpt-tiny", dp=2, tp=2, zero=1), zoo.build("gpt-tiny"))

@@ -118,6 +118,5 @@ def test_bad_inputs_say_the_numbers(ranks4) -> None:
     assert "global batch of 6" in errors["batch"] and "dp(4) * num_microbatches(2) = 8" in errors["batch"]
     assert "6 % 8 = 6" in errors["batch"]
     assert "local batch of 3" in errors["local"] and "num_microbatches(2)" in errors["local"]
-    assert "context parallelism (cp=2) with expert parallelism (ep=2) is not supported by the runtime yet" in (
-        errors["unsupported"])
+    assert "zero_stage 1 with tp(2) > 1 is not supported by the runtime yet" in errors["unsupported"]
     assert "axes (('dp', 4),) but the plan needs (('dp', 2), ('dp_shard', 1), ('tp', 2))" in errors["mesh"]
