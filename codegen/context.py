@@ -178,6 +178,7 @@ def get_batch(step: int, seed: int, dp_rank: int, cp_rank: int, data: TokenFile 
             sequence_share(targets, CP_SIZE, cp_rank, load_balance=LOAD_BALANCE))
 '''
 
+POSITIONS_LINE = "    cp_positions = sequence_positions(SEQ_LEN, CP_SIZE, cp_rank, LOAD_BALANCE, device)[None]\n"
 # under pipelining the schedule calls each stage's model forward: the stage passes them on (runtime.pipeline.Stage)
 STAGE_POSITIONS = ("    for module in stage_modules:  # each stage's model forward gets them as position_ids\n"
                    "        module.position_ids = cp_positions\n")
@@ -189,7 +190,7 @@ LOOP_CHANGES = (
      '    dp_rank, cp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("cp")\n'
      f'    data_group = mesh["{DATA_AXIS}"].get_group()  # the dp x cp ranks: each sees other tokens\n'
      '    # the global positions of this rank\'s tokens (a model other than the zoo\'s takes them as position_ids)\n'
-     '    cp_positions = sequence_positions(SEQ_LEN, CP_SIZE, cp_rank, LOAD_BALANCE, device)[None]\n'),
+     + POSITIONS_LINE),
     ("get_batch(step, args.seed, dp_rank, data)", "get_batch(step, args.seed, dp_rank, cp_rank, data)"),
     ("dist.all_reduce(loss_sum, group=dp_group)  # the global mean loss: average over the dp ranks",
      "dist.all_reduce(loss_sum, group=data_group)  # the global mean loss: average over the dp x cp ranks"),
@@ -216,8 +217,9 @@ def script_parts(program: Program, parts: SimpleNamespace | ModuleType) -> Simpl
             raise AssertionError(f"codegen.context: the training loop no longer has {old.strip()!r}; "
                                  "update LOOP_CHANGES to the new loop")
         loop = loop.replace(old, new)
-    if any(isinstance(s, SplitPipeline) for s in program.steps) and program.source.get("kind") != "zoo":
-        positions = LOOP_CHANGES[0][1].splitlines()[-1] + "\n"
-        loop = loop.replace(positions, positions + STAGE_POSITIONS)
+    from .model_source import kind  # (model_source reads context_step from here)
+
+    if any(isinstance(s, SplitPipeline) for s in program.steps) and kind(program) != "zoo":
+        loop = loop.replace(POSITIONS_LINE, POSITIONS_LINE + STAGE_POSITIONS)
     out.LOOP = loop
     return out

@@ -274,8 +274,7 @@ def context_parallel(module: nn.Module, cp_mesh: DeviceMesh, *, load_balance: bo
 def flatten_mesh(step: FlattenMesh, state: State) -> None:
     """``mesh[axes]._flatten(name)``: afterwards ``mesh[name]`` is the axes' ranks as one axis (on the expert
     mesh where the axes are its own: an expert shard's edp x cp replicas, ``codegen.expert``)."""
-    mesh = state.expert_mesh if on_expert_mesh(step.axes) else state.mesh
-    mesh[step.axes]._flatten(step.name)
+    state.mesh_for(step.axes)[step.axes]._flatten(step.name)
 
 
 def context_parallel_step(step: ContextParallel, state: State) -> None:

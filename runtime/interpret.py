@@ -43,6 +43,10 @@ class State:
     pipeline: Any = None  # set by SplitPipeline: this rank's stages (runtime.pipeline.Pipeline)
     expert_mesh: DeviceMesh | None = None  # set by ExpertMesh: the same ranks with dp split into (edp, ep)
 
+    def mesh_for(self, axes: tuple[str, ...]) -> DeviceMesh:
+        """The mesh that names ``axes``: the expert mesh for its own axes (``on_expert_mesh``), else BuildMesh's."""
+        return self.expert_mesh if on_expert_mesh(axes) else self.mesh
+
     def get(self, path: str) -> nn.Module:
         return self.model.get_submodule(path) if path else self.model
 
@@ -91,7 +95,7 @@ def _recompute(step: Recompute, state: State) -> None:
 
 def _fully_shard(step: FullyShard, state: State) -> None:
     axes = step.mesh_axes
-    whole = state.expert_mesh if on_expert_mesh(axes) else state.mesh
+    whole = state.mesh_for(axes)
     mesh = whole[axes[0]] if len(axes) == 1 else whole[axes]
     fully_shard(state.get(step.module), mesh=mesh, reshard_after_forward=step.reshard_after_forward,
                 mp_policy=mixed_precision(step))

@@ -31,7 +31,7 @@ from ..codegen import Program, lower
 from ..codegen.model_source import kind as source_kind
 from ..ir import InvalidPlanError, Plan
 from .checkpoint import load_checkpoint, save_checkpoint
-from .context import data_group, sequence_split
+from .context import data_group, sequence_positions, sequence_split
 from .distributed import device_for_rank, init_distributed, pg_timeout_s
 from .expert import whole_parameters
 from .interpret import State, execute
@@ -102,9 +102,10 @@ class PlannedModule:
         self.pipeline = state.pipeline  # runtime.pipeline.Pipeline under pipeline parallelism, else None
         if self.pipeline is not None:
             if self.sequence.cp_size > 1 and self._source_kind != "zoo":  # each stage's forward: global positions
-                local = torch.zeros(1, program.seq_len // self.sequence.cp_size, device=self.device)
+                q = self.sequence
+                positions = sequence_positions(program.seq_len, q.cp_size, q.cp_rank, q.load_balance, self.device)
                 for stage in self.pipeline.modules:
-                    stage.position_ids = self.sequence.positions(local)
+                    stage.position_ids = positions[None]
             build_schedule(self.pipeline, program, self.device, loss_fn)
         self.steps_done = 0  # optimizer steps taken by step() or restored by load(): the data position
 

@@ -184,11 +184,11 @@ def value_bounds(cost: CandidateCost, limit_bytes: float, pinned: str | None = N
     for _, r in sorted(x for x in rates if x[1] < 2):
         if left <= 0:
             break
-        k = min(layers, math.ceil(left / cost.saved_bytes[r])) if left / cost.saved_bytes[r] <= layers else layers
+        k = math.ceil(left / cost.saved_bytes[r]) if left / cost.saved_bytes[r] <= layers else layers
         left, layers, extra = left - k * cost.saved_bytes[r], layers - k, extra + k * cost.extra_time_s[r]
     if left <= 0:
         upper = min(upper, cost.time_s + extra)
-    return lower, max(upper, lower)
+    return lower, upper  # any solution that fits costs at least lower: upper >= lower
 
 
 def add_objective(model: cp_model.CpModel, p: Problem, v: _Vars) -> None:

@@ -80,6 +80,7 @@ def test_cp_with_pipeline_splits_then_cuts_each_stages_attention_and_replicates_
         f"layers.{i}.attn" for i in range(4)]
     shards = [s for s in program.steps if isinstance(s, FullyShard)]
     assert shards and all(s.mesh_axes == ("dp_cp", "dp_shard") and not s.reshard_after_forward for s in shards)
+    assert "module.position_ids" not in emit_source(p)  # a zoo model numbers its tokens in its attention
 
 
 def test_context_steps_check_themselves() -> None:
