@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..cost_model import Cluster, estimate
+from ..cost_model import Cluster
 from ..ir import InfeasibleError, PlanError, limits
 
 if TYPE_CHECKING:
@@ -16,13 +16,12 @@ GB = 1e9
 MAX_NODES = 4096
 
 
-def infeasible(req: "Request", cands: list, costs: dict, limit: float, recompute: str | None = None) -> InfeasibleError:
-    """Why no candidate fits: the least memory one needs, with the recompute the user pinned (else the
-    policy that saves the most), and what would fit."""
-    from .search import min_memory
-
-    i = min(costs, key=lambda j: min_memory(costs[j], recompute))
-    need = min_memory(costs[i], recompute)
+def infeasible(req: "Request", cands: list, floors: dict, limit: float,
+               recompute: str | None = None) -> InfeasibleError:
+    """Why no candidate fits: the least memory one needs (``floors``: by candidate, ``search.memory_floor`` under
+    ``recompute``), with the recompute the user pinned (else the policy that saves the most), and what would fit."""
+    i = min(floors, key=floors.__getitem__)
+    need = floors[i]
     name = req.model.get("name") or req.graph.dims.family
     if recompute is not None and not math.isfinite(need):
         return InfeasibleError(f"{name}: no candidate on {req.cluster.spec} offers recompute {recompute!r} as pinned "
@@ -43,7 +42,7 @@ def infeasible(req: "Request", cands: list, costs: dict, limit: float, recompute
 
 def gpus_that_fit(req: "Request") -> int:
     """The GPU count of the smallest cluster (nodes doubling) on which some candidate fits."""
-    from .search import cost_candidate, min_memory, plan_of
+    from .search import memory_floor
     from .space import candidates, scale_up_gpus
 
     nodes = req.cluster.nodes * 2
@@ -60,8 +59,7 @@ def gpus_that_fit(req: "Request") -> int:
                                seq_len=req.seq_len, fixed=pins, runtime=req.runtime):
             if cand.micro_batch != 1 or cand.zero not in (0, 3) or cand.schedule not in ("1f1b",):
                 continue
-            none = estimate(req.graph, bigger, plan_of(sub, cand), software=req.software)
-            if min_memory(cost_candidate(sub, cand, none)) <= none.memory_limit_bytes:
+            if memory_floor(sub, cand) <= bigger.accelerator.usable_memory_bytes:
                 return world
         nodes *= 2
     return 0

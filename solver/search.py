@@ -4,9 +4,9 @@ Phases, each timed into the plan's solver statistics:
 
 1. enumerate the candidates (``space.py``) and time each with the cost model without
    recomputation (``cost_model.step_time``: the step alone, no memory): a lower bound on its objective;
-2. take a window of the cheapest, cost them without and with selective and full recomputation
-   (``estimate``, memory included), drop those that
-   cannot fit even fully recomputed, and solve the integer program (``ilp.py``) on the rest; grow
+2. take a window of the cheapest; price each one's memory without and with selective and full recomputation
+   (and offloading) and drop those that cannot fit even so (``memory_floor``: the memory alone, no step timed);
+   time the rest under the same policies, and solve the integer program (``ilp.py``) on them; grow
    the window until the optimum inside it is no worse than the bound of the first candidate left
    out, which proves it optimal over all candidates;
 3. re-estimate the winner with its per-layer recompute list, then re-solve with the winner's
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable
 
-from ..cost_model import DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers, step_time
+from ..cost_model import (DEFAULT_SOFTWARE, Cluster, Software, estimate, host_offload_layers, memory_breakdown,
+                          step_time)
 from ..cost_model.summary import summary_of
-from ..ir import Graph, Mesh, ModelStructure, Plan, PlanError, Prediction, Recompute, SolverInfo, limits
+from ..ir import Graph, Mesh, ModelStructure, Plan, PlanError, Recompute, SolverInfo, limits
 from . import ilp, intra_op
 from .infeasible import infeasible
 from .layouts import param_layouts, structure_split
@@ -142,23 +143,53 @@ def offers_offload(req: Request) -> bool:
     return OFFLOAD in req.runtime and req.cluster.accelerator.host_link_Bps > 0
 
 
-def cost_candidate(req: Request, cand: Candidate, none: Prediction) -> ilp.CandidateCost:
-    """Per-layer deltas of selective and full recomputation (and offloading, where offered), from the cost
-    model at uniform policies."""
+@dataclass(frozen=True, slots=True)
+class Peaks:
+    """A candidate's peak memory per GPU without recomputation and under each policy the program offers it, on every
+    layer of the most loaded pipeline rank (``per_rank``); ``cap``: the most layers a rank may offload."""
+    per_rank: int
+    cap: int | None
+    none: float
+    ends: dict[str, float]
+
+
+def candidate_peaks(req: Request, cand: Candidate) -> Peaks:
     per_rank = layers_per_rank(stage_ranges(req.graph.dims, cand.pp, cand.vp), cand.pp, req.graph.dims.layers)
     offload = (offers_offload(req) and (cand.tp == 1 or OFFLOAD_WITH_TP in req.runtime)
                and (cand.pp == 1 or OFFLOAD_WITH_PP in req.runtime))
     policies = ilp.POLICIES if offload else ilp.POLICIES[:2]
-    ends = {r: estimate(req.graph, req.cluster, plan_of(req, cand, **{r: per_rank}), software=req.software)
-            for r in policies}
-    cap = _offload_cap(req, cand) if offload else None
-    # per layer: the deltas of a uniform policy; offloading's from as many layers as the host memory holds
-    done = {r: min(per_rank, cap) if r == "offload" and cap is not None else per_rank for r in policies}
-    extra = tuple(max(0.0, (ends[r].step_time_s - none.step_time_s) / max(done[r], 1)) for r in policies)
-    saved = tuple(max(0.0, (none.peak_memory_bytes - ends[r].peak_memory_bytes) / max(done[r], 1)) for r in policies)
-    return ilp.CandidateCost(time_s=none.step_time_s, memory_bytes=none.peak_memory_bytes, extra_time_s=extra,
-                             saved_bytes=saved, layers=per_rank,
-                             offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime, offload_cap=cap)
+    peak = lambda **layers: sum(memory_breakdown(  # noqa: E731
+        req.graph, req.cluster, plan_of(req, cand, **layers), software=req.software).values())
+    return Peaks(per_rank=per_rank, cap=_offload_cap(req, cand) if offload else None, none=peak(),
+                 ends={r: peak(**{r: per_rank}) for r in policies})
+
+
+def _candidate_cost(req: Request, peaks: Peaks, none_s: float, ends_s: dict[str, float]) -> ilp.CandidateCost:
+    """The program's entry for a candidate: per layer, the deltas of a uniform policy; offloading's from as many
+    layers as the host memory holds."""
+    per_rank, cap = peaks.per_rank, peaks.cap
+    done = {r: min(per_rank, cap) if r == "offload" and cap is not None else per_rank for r in peaks.ends}
+    extra = tuple(max(0.0, (ends_s[r] - none_s) / max(done[r], 1)) for r in peaks.ends)
+    saved = tuple(max(0.0, (peaks.none - peaks.ends[r]) / max(done[r], 1)) for r in peaks.ends)
+    return ilp.CandidateCost(time_s=none_s, memory_bytes=peaks.none, extra_time_s=extra, saved_bytes=saved,
+                             layers=per_rank, offload_alone=OFFLOAD_WITH_RECOMPUTE not in req.runtime, offload_cap=cap)
+
+
+def cost_candidate(req: Request, cand: Candidate, peaks: Peaks | None = None) -> ilp.CandidateCost:
+    """Per-layer deltas of selective and full recomputation (and offloading, where offered), from the cost
+    model at uniform policies: the memory (``peaks``, computed where not given), then the step."""
+    peaks = peaks or candidate_peaks(req, cand)
+    step = lambda **layers: step_time(req.graph, req.cluster, plan_of(req, cand, **layers),  # noqa: E731
+                                      software=req.software)
+    return _candidate_cost(req, peaks, step(), {r: step(**{r: peaks.per_rank}) for r in peaks.ends})
+
+
+def memory_floor(req: Request, cand: Candidate, recompute: str | None = None, peaks: Peaks | None = None) -> float:
+    """``min_memory`` of the candidate's cost from its memory alone (no step timed): the window times only the
+    candidates that can fit, a quarter of the work for each of the many that cannot (most of them, where the
+    model is large for the cluster)."""
+    peaks = peaks or candidate_peaks(req, cand)
+    return min_memory(_candidate_cost(req, peaks, 0.0, dict.fromkeys(peaks.ends, 0.0)), recompute)
 
 
 def _offload_cap(req: Request, cand: Candidate) -> int | None:
@@ -186,7 +217,8 @@ class _Search:
     req: Request
     cands: list[Candidate]
     bounds: list[float]  # each candidate's step without recomputation (``step_time``), ascending
-    costs: dict[int, ilp.CandidateCost]
+    floors: dict[int, float]  # the least memory each candidate the window reached can take (``memory_floor``)
+    costs: dict[int, ilp.CandidateCost]  # those of them that can fit, costed in full
     limit: float
     start: float
     phases: dict[str, float] = field(default_factory=dict)
@@ -249,7 +281,7 @@ def _bounded(req: Request, start: float) -> _Search:
     # costs (``_solve_window``), a third of the work of each of the many it never reaches
     steps = [step_time(req.graph, cl, plan_of(req, c), software=req.software) for c in cands]
     order = sorted(range(len(cands)), key=lambda i: (steps[i], i))
-    return _Search(req=req, cands=[cands[i] for i in order], bounds=[steps[i] for i in order], costs={},
+    return _Search(req=req, cands=[cands[i] for i in order], bounds=[steps[i] for i in order], floors={}, costs={},
                    limit=cl.accelerator.usable_memory_bytes, start=start)  # every prediction's memory_limit_bytes
 
 
@@ -263,16 +295,18 @@ def _first_that_fits(s: _Search, kept: list[int], pinned: str | None, bound_out:
         sol = ilp.solve(one, time_limit_s=5.0)
         if sol.candidate >= 0:
             return [s.cands[i]], one, replace(sol, status="FEASIBLE", bound_s=min(bound, sol.objective_s))
-    raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
+    raise infeasible(s.req, s.cands, s.floors, s.limit, pinned)
 
 
 def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
     size, pinned = WINDOW, fixed.get("recompute")
     while True:
-        for i in range(len(s.costs), min(size, len(s.cands))):
-            none = estimate(s.req.graph, s.req.cluster, plan_of(s.req, s.cands[i]), software=s.req.software)
-            s.costs[i] = cost_candidate(s.req, s.cands[i], none)
-        kept = [i for i in range(min(size, len(s.cands))) if min_memory(s.costs[i], pinned) <= s.limit]
+        for i in range(len(s.floors), min(size, len(s.cands))):
+            peaks = candidate_peaks(s.req, s.cands[i])
+            s.floors[i] = memory_floor(s.req, s.cands[i], pinned, peaks)
+            if s.floors[i] <= s.limit:
+                s.costs[i] = cost_candidate(s.req, s.cands[i], peaks)
+        kept = [i for i in range(min(size, len(s.cands))) if i in s.costs]
         kept = _within_reach(s, kept, pinned)
         if kept:
             problem = ilp.Problem(costs=tuple(s.costs[i] for i in kept), memory_limit_bytes=s.limit,
@@ -287,7 +321,7 @@ def _solve_window(s: _Search, fixed: dict, say: Callable[[str], None]):
             if sol.candidate < 0 and left <= 0:  # out of time before the program found any plan
                 return _first_that_fits(s, kept, pinned, bound_out)
         if size >= len(s.cands):
-            raise infeasible(s.req, s.cands, s.costs, s.limit, pinned)
+            raise infeasible(s.req, s.cands, s.floors, s.limit, pinned)
         size *= 2
         say(f"window grows to {min(size, len(s.cands))} candidates")
 
@@ -385,7 +419,7 @@ def _finish(s: _Search, found: list, fixed: dict, fitted: Plan) -> tuple[Plan, .
     evaluated = {"tp", "dp", "zero", "micro_batch", "recompute"} <= set(fixed)
     info = SolverInfo(status="EVALUATED" if evaluated else best_sol.status,
                       wall_s=time.perf_counter() - s.start, gap=best_sol.gap, candidates=len(s.cands),
-                      pruned=len(s.cands) - sum(min_memory(c, fixed.get("recompute")) <= s.limit for c in s.costs.values()),
+                      pruned=len(s.cands) - len(s.costs),
                       variables=best_sol.variables, constraints=best_sol.constraints, binding=binding(plans[0]),
                       **_intra_op_info(s.req, found[0][0]),
                       alternatives=tuple(_alternative(plans[0], p) for p in plans[1:]), phases=dict(s.phases))
