@@ -226,11 +226,30 @@ def cp_blockers(module: torch.nn.Module, graph: ir.Graph, seq_len: int) -> tuple
     return tuple(why)
 
 
+def ep_blockers(module: torch.nn.Module, structure: ir.ModelStructure | None) -> tuple[str, ...]:
+    """Why the runtime cannot split this model's experts over ep ranks (``runtime.expert.ep_blocker`` of the
+    first block that holds experts), in words; () when it can or the model has none."""
+    from .runtime.expert import ep_blocker
+
+    if structure is None or not structure.experts or not structure.num_blocks:
+        return ()
+    first = next((i for i in range(structure.num_blocks) if i not in structure.dense_blocks), None)
+    if first is None:
+        return ()
+    try:
+        experts = module.get_submodule(f"{structure.block_path(first)}.{structure.experts}")
+    except AttributeError:
+        return ()
+    why = ep_blocker(experts)
+    return (why,) if why else ()
+
+
 def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
-            cp_why: tuple[str, ...] = ("no structure was found in the model",)
+            cp_why: tuple[str, ...] = ("no structure was found in the model",), ep_why: tuple[str, ...] = ()
             ) -> tuple[frozenset[str], tuple[str, ...]]:
     """What the runtime executes on this model (``solver.RUNTIME`` less what its modules rule out), and
-    why the rest is not offered, in words for the report. ``cp_why``: ``cp_blockers``' reasons."""
+    why the rest is not offered, in words for the report. ``cp_why``: ``cp_blockers``' reasons; ``ep_why``:
+    ``ep_blockers``'."""
     from .codegen.pipeline_lower import pipeline_blockers
     from .codegen.tp_plans import attention_returns_tuple, sp_blockers
 
@@ -240,6 +259,9 @@ def offered(structure: ir.ModelStructure | None, zoo_modules: bool,
     if cp_why:
         runtime -= {"cp"}
         why.append(f"context parallelism is not offered: {'; '.join(cp_why)}")
+    if ep_why:
+        runtime -= {"ep"}
+        why.append(f"expert parallelism is not offered: {'; '.join(ep_why)}")
     if blocker := (pipeline_blockers(structure) if structure is not None else "no structure was found in the model"):
         runtime -= {"pp"}
         why.append(f"pipeline parallelism is not offered: {blocker}")
@@ -286,7 +308,8 @@ def plans(model: ModelLike, cluster: Cluster | str, *, global_batch: int, seq_le
     zoo_modules = structure is not None and zoo_family(structure) is not None and source["kind"] == "zoo"
     peaks = cluster.accelerator.peak_flops
     dtype = dtype or ("bfloat16" if "bfloat16" in peaks else "float32")
-    runtime, why_not = offered(structure, zoo_modules, () if zoo_modules else cp_blockers(module, graph, seq_len))
+    runtime, why_not = offered(structure, zoo_modules, () if zoo_modules else cp_blockers(module, graph, seq_len),
+                               () if zoo_modules else ep_blockers(module, structure))
     _check_pins_offered(fixed, runtime, why_not)
     if program.search_space == "megatron":  # Megatron runs the plan: its options, not meshplan runtime's
         runtime, why_not = solver.space.MEGATRON, (
@@ -359,7 +382,7 @@ def _software(software: str | Software | None, dtype: str | None) -> Software:
 
 
 _PINNED_PARALLELISM = {"pp": "pipeline parallelism", "cp": "context parallelism", "sp": "sequence parallelism",
-                       "tp": "tensor parallelism"}
+                       "tp": "tensor parallelism", "ep": "expert parallelism"}
 
 
 def _check_pins_offered(fixed: dict[str, Any] | None, runtime: frozenset[str], why_not: tuple[str, ...]) -> None:

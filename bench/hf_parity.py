@@ -24,7 +24,7 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_k
 POSITIONS = ("n_positions",)  # what a config calls its longest sequence, beyond max_position_embeddings
 LAYERS = ("num_hidden_layers", "n_layer", "n_layers")  # what a config calls its number of blocks
 NO_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout", "dropout",
-              "hidden_dropout_prob", "attention_probs_dropout_prob", "summary_first_dropout")
+              "hidden_dropout_prob", "attention_probs_dropout_prob", "summary_first_dropout", "residual_dropout")
 # model_type -> (class, config beyond SMALL)
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", {}),
@@ -63,6 +63,24 @@ ARCHITECTURES = {
     "gpt_bigcode": ("GPTBigCodeForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     "smollm3": ("SmolLM3ForCausalLM", dict(pad_token_id=0)),
     "glm": ("GlmForCausalLM", dict(pad_token_id=0)),
+    "olmoe": ("OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2)),
+    "granitemoe": ("GraniteMoeForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "glm4_moe": ("Glm4MoeForCausalLM", dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                            first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=16,
+                                            pad_token_id=0)),
+    "ernie4_5": ("Ernie4_5ForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "llama4_text": ("Llama4ForCausalLM", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+                                              intermediate_size_mlp=128, pad_token_id=0)),
+    "seed_oss": ("SeedOssForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "exaone4": ("Exaone4ForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "apertus": ("ApertusForCausalLM", dict(head_dim=16, pad_token_id=0)),  # xIELU: two learned slopes a layer
+    "helium": ("HeliumForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "nemotron": ("NemotronForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "olmo3": ("Olmo3ForCausalLM", dict(pad_token_id=0)),
+    "qwen3_next": ("Qwen3NextForCausalLM", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                                pad_token_id=0)),
+    "jamba": ("JambaForCausalLM", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
 }
 
 

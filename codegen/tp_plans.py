@@ -133,6 +133,10 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
                 "attention returns a tuple (Hugging Face's (attn_output, attn_weights)), which "
                 "PrepareModuleInputOutput cannot cut to S(1); re-plan (the search keeps it split under sp), or "
                 "split its q/k/v/o linears (S(0), S(1)), or turn sequence parallelism off")
+        if sp and sub == "mlp" and (linears is None or sub in replicated) and s.mlp_tuple:
+            raise InvalidPlanError(f"sequence parallelism keeps {module!r} whole, but this model's MLP returns a tuple "
+                                   "(Llama 4's MoE: (output, router logits)), which PrepareModuleInputOutput cannot "
+                                   "cut to S(1); re-plan (the search does not offer sp here) or turn sp off")
         if linears is None or sub in replicated:
             if sp:  # whole sequence in, own slice out: S(1) -> R around the replicated sublayer, R -> S(1) after
                 plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT_OUTPUT, src="S(1)", dst="R",
@@ -167,6 +171,9 @@ def sp_blockers(s: ModelStructure) -> list[str]:
     elif attention_returns_tuple(s) and s.tp_linears()["attn"] is None:
         why.append(f"attention ({s.attn!r}) is kept whole over tp and returns a tuple (Hugging Face's (attn_output, "
                    "attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
+    if s.mlp_tuple and s.tp_linears()["mlp"] is None:
+        why.append(f"the MLP ({s.mlp!r}) is kept whole over tp and returns a tuple (Llama 4's MoE: (output, router "
+                   "logits)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
     return why
 
 

@@ -45,7 +45,11 @@ def _record(seen: dict[str, str], rel: str, module: nn.Module, args: tuple, kwar
     if args and isinstance(args[0], torch.Tensor):
         seen[rel] = ""
         return
-    hidden = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.dim() == 3]
+    # the (b, s, h) activations: real 3-D tensors (Llama 4 passes its rotary table, complex (b, s, d/2), beside
+    # them); of several, the one named hidden_states
+    hidden = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.dim() == 3 and v.is_floating_point()]
+    if len(hidden) > 1 and "hidden_states" in hidden:
+        hidden = ["hidden_states"]
     seen[rel] = hidden[0] if len(hidden) == 1 else ""
 
 

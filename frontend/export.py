@@ -124,9 +124,17 @@ def _unsupported(err: Exception, path: str, module: nn.Module, inputs: Inputs) -
 
 
 def _export_once(model: nn.Module, inputs: Inputs) -> ExportedProgram:
-    with _quiet() as held:
-        program = torch.export.export(model, inputs.args, dict(inputs.kwargs), dynamic_shapes=inputs.dynamic,
-                                      strict=False)
+    config = getattr(model, "config", None)
+    saved = [(name, getattr(config, name, None)) for name, _ in inputs.config]
+    try:
+        for name, value in inputs.config:
+            setattr(config, name, value)
+        with _quiet() as held:
+            program = torch.export.export(model, inputs.args, dict(inputs.kwargs), dynamic_shapes=inputs.dynamic,
+                                          strict=False)
+    finally:
+        for name, value in saved:
+            setattr(config, name, value)
     sys.stderr.write(held.getvalue())
     return program
 

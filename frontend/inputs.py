@@ -4,7 +4,8 @@ Three kinds of model input:
 
     token ids (default)   one (b, s) int64 tensor, passed positionally
     Hugging Face          ``input_ids=`` (b, s) and ``use_cache=False`` as keywords (no KV cache in
-                          the output); found by ``transformers.PreTrainedModel`` when transformers is
+                          the output; in the config while tracing where the forward does not name it);
+                          found by ``transformers.PreTrainedModel`` when transformers is
                           already imported, else by duck typing (a ``.config`` with ``model_type`` and a
                           forward that takes ``use_cache``)
     example_inputs        a tuple of tensors, or a callable (batch, seq) -> tuple, for models whose
@@ -40,6 +41,7 @@ class Inputs:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     dynamic: Any = None  # export's dynamic_shapes, matching args (a tuple) or kwargs (a dict)
     sequence: bool = True  # dim 1 of the first tensor is the sequence
+    config: tuple[tuple[str, Any], ...] = ()  # model.config attributes set while the model is traced
     kind: str = "tokens"  # "tokens", "huggingface" or "example_inputs", for messages
 
 
@@ -135,6 +137,19 @@ def make_inputs(model: nn.Module, *, batch: int, seq_len: int, example_inputs: E
     b, s = example_sizes(batch, seq_len, _max_seq_len(model))
     tokens = torch.zeros(b, s, dtype=torch.long, device="meta")
     if is_huggingface(model):
-        return Inputs(kwargs={"input_ids": tokens, "use_cache": False},
-                      dynamic={"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}, "use_cache": None}, kind="huggingface")
+        if _names(model, "use_cache"):
+            return Inputs(kwargs={"input_ids": tokens, "use_cache": False},
+                          dynamic={"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}, "use_cache": None}, kind="huggingface")
+        # a forward that does not name use_cache (GraniteMoE's passes it on through **kwargs, which export cannot
+        # key a non-tensor under) reads it from the config: off there while the model is traced
+        return Inputs(kwargs={"input_ids": tokens}, dynamic={"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}},
+                      config=(("use_cache", False),), kind="huggingface")
     return Inputs(args=(tokens,), dynamic=({0: Dim.AUTO, 1: Dim.AUTO},))
+
+
+def _names(model: nn.Module, name: str) -> bool:
+    """Whether the model's forward takes ``name`` as a parameter of its own."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return True

@@ -116,6 +116,8 @@ def trace(model: nn.Module, *, batch: int = 1, seq_len: int = 128, example_input
     if structure.attn:
         structure = dataclasses.replace(structure, attn_kwarg=calls.get(structure.attn, ""),
                                         attn_tuple=returns_tuple(calls, structure.attn))
+    if structure.mlp:
+        structure = dataclasses.replace(structure, mlp_tuple=returns_tuple(calls, structure.mlp))
     if example_inputs is None and structure.attn_split and not heads_split_cleanly(_probe_model(model, lists),
                                                                                      structure):
         structure = dataclasses.replace(structure, attn_whole=True, notes=structure.notes + (

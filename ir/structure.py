@@ -24,6 +24,8 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
                   (Hugging Face's, GPT-2's too), which sequence parallelism cannot cut if attention is kept whole;
                   ``attn_whole`` when its forward reshapes by the model's whole head count (OPT's), so that a
                   head split would fold the sequence: tensor parallelism keeps it whole
+    mlp_tuple     the MLP returns a tuple (Llama 4's MoE: (output, router logits)), which sequence parallelism
+                  cannot cut back to the sequence slice where the MLP is kept whole (experts, a fused MLP)
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
     head_dim      the attention head width (not always hidden / heads)
     notes         what the frontend could not use, and why (the report shows them)
@@ -68,6 +70,7 @@ class ModelStructure:
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     attn_tuple: bool = False  # the attention returns a tuple (Hugging Face's (attn_output, attn_weights))
     attn_whole: bool = False  # splitting its heads would change what it computes (OPT: frontend/head_split.py)
+    mlp_tuple: bool = False  # the MLP returns a tuple (Llama 4's MoE: (output, router logits))
     block_tuple: bool = False  # a block returns a tuple the model takes [0] of (Falcon's, BLOOM's (hidden, ...))
     loose: tuple[str, ...] = ()  # modules outside the blocks with parameters of no role above (BLOOM's embedding norm)
     head_dim: int = 0

@@ -155,10 +155,30 @@ class RoutedExpertParallelMixin(ExpertParallelMixin):
 _CLASSES: dict[type, type] = {}
 
 
+def _forward_params(cls: type) -> list[str]:
+    return [p.name for p in inspect.signature(cls.forward).parameters.values() if p.name != "self"]
+
+
 def _routed(cls: type) -> bool:
     """The experts' forward takes the router's choice (three tensors) rather than sorted slots and counts."""
-    params = [p for p in inspect.signature(cls.forward).parameters.values() if p.name != "self"]
-    return len(params) == 3
+    return len(_forward_params(cls)) == 3
+
+
+def ep_blocker(experts: nn.Module) -> str:
+    """Why ``shard_experts`` cannot split ``experts`` over ep ranks, in words, or "" where it can: its forward
+    must take the token slots sorted by expert and the counts (``x, counts``: the zoo's grouped experts) or the
+    router's choice (``hidden_states, top_k_index, top_k_weights``: Hugging Face's Mixtral, Qwen-MoE,
+    DeepSeek). Llama 4's experts take one (E * tokens, h) tensor, every token copied to every expert and
+    weighted by its score: there is no choice to dispatch by."""
+    try:
+        params = _forward_params(type(experts))
+    except (TypeError, ValueError):
+        return f"{type(experts).__name__}.forward has no signature to read"
+    if len(params) in (2, 3):
+        return ""
+    return (f"{type(experts).__name__}.forward({', '.join(params)}) takes neither (tokens sorted by expert, "
+            "counts) nor the router's choice (hidden_states, top_k_index, top_k_weights), by which the runtime "
+            "dispatches tokens to the ranks holding their experts")
 
 
 def _ep_class(cls: type) -> type:

@@ -24,6 +24,12 @@ order) but never holds more than one module's full parameters at a time. The rep
    only, which is their construction when they use PyTorch's layers' own init: ``REPLAYABLE`` lists the
    source kinds whose whole initialization is replayed; for the others callers build the model whole.
 
+A parameter a constructor registers with a value of its own (Apertus's xIELU activation registers its two
+learned slopes as ``log(expm1(0.8))``, not as an empty tensor an init then fills) keeps that value where no
+init rewrites it: ``parameters_on_meta`` keeps a copy of each small parameter as registered
+(``CONSTRUCTED_MAX_ELEMS``: scales, slopes, norms' weights, biases), and the replay starts each twin from it
+instead of an empty tensor.
+
 Weights a model ties (a head that is the embedding's table) stay one parameter: ``to_empty`` gives each
 holder a tensor of its own, and ``materialize`` points them back at one (``tied_parameters``).
 """
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generator, Iterator
 
 import torch
@@ -42,6 +48,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..ir import InvalidPlanError
 
 REPLAYABLE = ("zoo", "hf")  # source kinds whose whole initialization materialize replays exactly
+# the largest parameter whose value as registered the meta build keeps (a computed scale or a norm's weight; a
+# weight matrix is registered empty and filled by an init, which the replay draws again)
+CONSTRUCTED_MAX_ELEMS = 1 << 16
 INIT_ATTR = "_meshplan_meta_init"  # the MetaInit a meta-built model carries
 
 
@@ -54,16 +63,22 @@ class MetaInit:
     reference: nn.Module
     # a Hugging Face build's random fills and init calls, in order (``_BuildRecorder``); None: not recorded
     events: tuple[tuple, ...] | None = None
+    # small parameters' values as their constructors registered them, by name (``parameters_on_meta``)
+    constructed: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """Construct modules with their parameters on meta and their buffers real."""
+def parameters_on_meta(values: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Construct modules with their parameters on meta and their buffers real; ``values`` (by the meta
+    parameter's id) receives a copy of each parameter of at most ``CONSTRUCTED_MAX_ELEMS`` as registered."""
     original = nn.Module.register_parameter
 
     def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         if param is not None and not param.is_meta:
-            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            real = param.detach()
+            param = nn.Parameter(real.to("meta"), requires_grad=param.requires_grad)
+            if values is not None and real.numel() <= CONSTRUCTED_MAX_ELEMS:
+                values[id(param)] = real.clone()
         original(module, name, param)
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]
@@ -83,9 +98,11 @@ def build_on_meta(source: dict[str, Any], seed: int) -> nn.Module:
     if kind not in REPLAYABLE:
         torch.manual_seed(seed)
         return build(source)
-    with parameters_on_meta(), _BuildRecorder(enabled=kind == "hf") as recorder:
+    values: dict[int, torch.Tensor] = {}
+    with parameters_on_meta(values), _BuildRecorder(enabled=kind == "hf") as recorder:
         model = build(source)
-    mark_meta(model, seed, recorder.events(model))
+    constructed = {name: values[id(p)] for name, p in model.named_parameters() if id(p) in values}
+    mark_meta(model, seed, recorder.events(model), constructed)
     return model
 
 
@@ -148,9 +165,11 @@ class _BuildRecorder(TorchDispatchMode):
         return tuple(("init", paths[id(e[1])]) if e[0] == "init" else e for e in self._events)
 
 
-def mark_meta(model: nn.Module, seed: int, events: tuple[tuple, ...] | None = None) -> nn.Module:
+def mark_meta(model: nn.Module, seed: int, events: tuple[tuple, ...] | None = None,
+              constructed: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Record on a meta-built ``model`` the seed and a meta copy to replay its init on (before any step)."""
-    setattr(model, INIT_ATTR, MetaInit(seed=seed, reference=copy.deepcopy(model), events=events))
+    setattr(model, INIT_ATTR, MetaInit(seed=seed, reference=copy.deepcopy(model), events=events,
+                                       constructed=constructed or {}))
     return model
 
 
@@ -252,11 +271,15 @@ def _copy_local(full: torch.Tensor, target: torch.Tensor, ep_group: Any) -> None
         target.copy_(full)
 
 
-def _twin(module: nn.Module) -> nn.Module:
-    """A CPU copy of ``module`` with its own parameters allocated (full size) and no children."""
+def _twin(module: nn.Module, constructed: dict[str, torch.Tensor], path: str) -> nn.Module:
+    """A CPU copy of ``module`` (at ``path``) with its own parameters allocated (full size), each as its
+    constructor registered it where that was kept (``MetaInit.constructed``), and no children."""
+    def start(name: str, p: nn.Parameter) -> torch.Tensor:
+        kept = constructed.get(f"{path}.{name}" if path else name)
+        return torch.empty(p.shape, dtype=p.dtype) if kept is None else kept.clone()
+
     twin = copy.copy(module)
-    twin._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
-                                                                     requires_grad=p.requires_grad)
+    twin._parameters = {name: None if p is None else nn.Parameter(start(name, p), requires_grad=p.requires_grad)
                         for name, p in module._parameters.items()}
     twin._buffers = dict(module._buffers)  # real already: an init that resets a buffer writes the reference's
     twin._modules = {}
@@ -271,11 +294,11 @@ def replay(init: MetaInit) -> Iterator[tuple[str, torch.Tensor]]:
     torch.manual_seed(init.seed)
     with torch.no_grad():
         if _is_hf(ref):
-            yield from _hf_build(ref, init.events or ())
+            yield from _hf_build(ref, init.events or (), init.constructed)
             return
         zoo = type(ref).__module__.startswith("meshplan.zoo") and callable(getattr(ref, "init_weights", None))
         for prefix, module in ref.named_modules():  # 1. construction: PyTorch layers' own reset_parameters
-            twin = _constructed(module)
+            twin = _constructed(module, init.constructed, prefix)
             if twin is not None and not zoo:
                 yield from _named(prefix, twin)
         if zoo:
@@ -287,13 +310,13 @@ def _is_hf(module: nn.Module) -> bool:
                                                                               "to_dict")
 
 
-def _constructed(module: nn.Module) -> nn.Module | None:
+def _constructed(module: nn.Module, constructed: dict[str, torch.Tensor], path: str) -> nn.Module | None:
     """A twin of ``module`` as its constructor leaves it (``reset_parameters``), or None if it has no
     parameters of its own or no such method."""
     if not any(p is not None for p in module._parameters.values()) or not callable(
             getattr(module, "reset_parameters", None)):
         return None
-    twin = _twin(module)
+    twin = _twin(module, constructed, path)
     twin.reset_parameters()
     return twin
 
@@ -322,7 +345,7 @@ def _zoo_init(ref: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, full.detach()
 
 
-def _initialize(path: str, module: nn.Module, init: nn.Module, done: set[str]
+def _initialize(path: str, module: nn.Module, init: nn.Module, done: set[str], constructed: dict[str, torch.Tensor]
                 ) -> Generator[tuple[str, torch.Tensor], None, nn.Module | None]:
     """``init._initialize_weights`` applied to ``module`` (at ``path`` in the model) and its children, children
     first, skipping the sub-models in ``done`` (``PreTrainedModel.initialize_weights``). Yields each parameter
@@ -333,8 +356,8 @@ def _initialize(path: str, module: nn.Module, init: nn.Module, done: set[str]
         return None
     children = {}
     for name, child in module.named_children():
-        children[name] = yield from _initialize(f"{path}.{name}" if path else name, child, init, done)
-    twin = _twin(module)
+        children[name] = yield from _initialize(f"{path}.{name}" if path else name, child, init, done, constructed)
+    twin = _twin(module, constructed, path)
     twin._modules = {name: c for name, c in children.items() if c is not None}
     before = {(name, p_name): p._version for name, c in twin._modules.items()
               for p_name, p in c._parameters.items() if p is not None}
@@ -348,7 +371,8 @@ def _initialize(path: str, module: nn.Module, init: nn.Module, done: set[str]
     return twin
 
 
-def _hf_build(model: nn.Module, events: tuple[tuple, ...]) -> Iterator[tuple[str, torch.Tensor]]:
+def _hf_build(model: nn.Module, events: tuple[tuple, ...],
+              constructed: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
     """A Hugging Face ``PreTrainedModel`` as its recorded build ran: each constructor's random fill drawn
     again on a scratch tensor (``post_init`` overwrites the values; the draws move the stream), and each
     ``post_init``'s ``initialize_weights`` applied where it ran (a sub-model's, such as ``LlamaModel``
@@ -364,5 +388,5 @@ def _hf_build(model: nn.Module, events: tuple[tuple, ...]) -> Iterator[tuple[str
         path = event[1]
         module = model.get_submodule(path)
         with initialization.guard_torch_init_functions():
-            yield from _initialize(path, module, module, done)
+            yield from _initialize(path, module, module, done, constructed)
         done.add(path)

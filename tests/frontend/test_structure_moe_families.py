@@ -62,3 +62,44 @@ def test_dense_blocks_round_trip_and_are_checked():
         ir.ModelStructure(blocks="model.layers", num_blocks=3, experts="mlp.experts", dense_blocks=(3,))
     with pytest.raises(ir.InvalidPlanError, match="of a model with experts"):
         ir.ModelStructure(blocks="model.layers", num_blocks=3, dense_blocks=(0,))
+
+
+def _tiny(model_type: str, **extra) -> dict:
+    return dict(model_type=model_type, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, **extra)
+
+
+def test_llama4_blocks_hand_attention_the_stream_by_keyword_and_its_moe_returns_a_tuple():
+    """Llama 4 passes its complex rotary table (b, s, d/2) beside ``hidden_states``: the stream is still found by
+    keyword (it was taken as positional, and sequence parallelism's PrepareModuleInput failed on zero positional
+    inputs); its MoE returns (output, router logits), so sp is not offered, and its experts take one (E * tokens,
+    h) tensor, so ep is not offered either: each with its reason, and a pin of either is refused with it."""
+    import meshplan as mp
+    from meshplan.api import ep_blockers, offered
+
+    cfg = _tiny("llama4_text", head_dim=16, num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128)
+    with torch.device("meta"):
+        model = build({"kind": "hf", "class": "Llama4ForCausalLM", "config": cfg})
+    s = trace(model, batch=1, seq_len=16).structure
+    assert (s.attn_kwarg, s.attn_tuple, s.mlp, s.experts, s.mlp_tuple) == (
+        "hidden_states", True, "feed_forward", "feed_forward.experts", True)
+    runtime, why = offered(s, zoo_modules=False, cp_why=(), ep_why=ep_blockers(model, s))
+    assert "sp" not in runtime and "ep" not in runtime and "tp" in runtime
+    assert any("MLP ('feed_forward') is kept whole over tp and returns a tuple" in w for w in why)
+    assert any("Llama4TextExperts.forward(hidden_states) takes neither" in w for w in why)
+    for pin, words in (({"ep": 2}, "expert parallelism is not offered"),
+                       ({"sp": True, "tp": 2}, "sequence parallelism is not offered")):
+        with pytest.raises(ir.PlanError, match=words):
+            mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=16, fixed=pin)
+
+
+def test_a_forward_that_takes_use_cache_through_kwargs_traces_and_the_config_is_left_as_it_was():
+    """GraniteMoE's forward passes ``use_cache`` on through ``**kwargs``, under which export cannot key a non-tensor;
+    the trace turns the cache off in the config instead, and gives the user's config its value back."""
+    with torch.device("meta"):
+        model = build({"kind": "hf", "class": "GraniteMoeForCausalLM",
+                       "config": _tiny("granitemoe", num_local_experts=4, num_experts_per_tok=2)})
+    assert model.config.use_cache is True
+    g = trace(model, batch=1, seq_len=16)
+    assert (g.structure.experts, g.dims.experts, g.dims.top_k) == ("block_sparse_moe.experts", 4, 2)
+    assert model.config.use_cache is True
