@@ -171,6 +171,10 @@ def sp_blockers(s: ModelStructure) -> list[str]:
     elif attention_returns_tuple(s) and s.tp_linears()["attn"] is None:
         why.append(f"attention ({s.attn!r}) is kept whole over tp and returns a tuple (Hugging Face's (attn_output, "
                    "attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
+    if s.block_loose:
+        why.append(f"the blocks hold {list(s.block_loose)} beside attention, the MLP and the norms before them (Gemma "
+                   "2's post-attention and post-feedforward norms): on the sequence-sharded stream each tp rank would "
+                   "reach only a partial sum of their gradients")
     if s.mlp_tuple and s.tp_linears()["mlp"] is None:
         why.append(f"the MLP ({s.mlp!r}) is kept whole over tp and returns a tuple (Llama 4's MoE: (output, router "
                    "logits)), which PrepareModuleInputOutput cannot cut back to the sequence slice")

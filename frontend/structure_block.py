@@ -5,7 +5,7 @@ The rules are those of ``structure``'s docstring; paths come back relative to th
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..ir import Block, Node, OpKind
@@ -56,6 +56,11 @@ def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[st
         _experts(b, leaves, grouped, [n for n in rest if n not in grouped], roles, notes)
     else:
         _mlp(b, rest, roles, notes)
+    module = flow.modules.get(b.block.name)
+    placed = tuple(f"{roles[r]}." for r in ("attn", "mlp", "attn_norm", "mlp_norm") if roles.get(r))
+    if module is not None and placed:
+        roles["block_loose"] = tuple(dict.fromkeys(name.rpartition(".")[0] or name for name, _ in
+                                                   module.named_parameters() if not name.startswith(placed)))
     kinds = {flow.weight_in_out(flow.by_name[n]) for n in roles.pop("_projections", ())}
     roles["linear_kind"] = "conv1d" if kinds == {True} else "linear"
     if kinds == {True, False}:
@@ -133,13 +138,13 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
         notes.append(f"{b.where(b.rel(attn.module_path))}: no projection after attention; tensor parallelism keeps "
                      "attention replicated")
     roles["attn"] = common_module([*paths.values(), b.rel(attn.module_path)])
-    module = flow.modules.get(f"{b.block.name}.{roles['attn']}" if roles["attn"] else b.block.name)
-    own = [name for name, _ in module.named_parameters(recurse=False)] if module is not None else []
-    if own and "q" in roles:  # e.g. GPT-OSS's sinks (heads,): split with the heads, or the shapes disagree
+    own = _loose_params(b, roles["attn"], paths.values())
+    if own and "q" in roles:  # GPT-OSS's sinks (heads,), Qwen3's and Gemma 3's q_norm / k_norm weights (head_dim,)
         for role in ("q", "k", "v"):
             roles.pop(role)
-        notes.append(f"{b.where(roles['attn'])}: attention holds parameters of its own {own} (per-head sinks?) "
-                     "that splitting q/k/v by heads would have to split too; tensor parallelism keeps attention "
+        notes.append(f"{b.where(roles['attn'])}: attention holds parameters besides its projections' {own} "
+                     "(per-head sinks, q/k norms): split by heads, each tp rank would hold a part of the sinks or "
+                     "reach only a partial sum of the norms' gradients; tensor parallelism keeps attention "
                      "replicated")
     # the norm before the earliest projection feeding attention: MLA's q_b_proj reads its own q_a_layernorm,
     # the block's input norm is before q_a_proj
@@ -173,8 +178,25 @@ def _mlp(b: _Block, rest: Sequence[Node], roles: dict, notes: list[str]) -> None
                      "(Phi-3, GLM); splitting its rows over tp would hand a rank whole gate rows and another whole "
                      "up rows, so tensor parallelism keeps this MLP replicated")
         return
+    if own := _loose_params(b, roles["mlp"], paths):
+        notes.append(f"{b.where(roles['mlp'])}: the MLP holds parameters besides its projections' {own} (Apertus's "
+                     "xIELU slopes): with its features split over tp, each rank would reach only a partial sum of "
+                     "their gradients; tensor parallelism keeps this MLP replicated")
+        return
     roles["mlp_in"] = tuple(_projection_path(b, n) for n in ins)
     roles["mlp_out"] = _projection_path(b, outs[0])
+
+
+def _loose_params(b: _Block, sublayer: str, projections: Iterable[str]) -> list[str]:
+    """Parameters of the sublayer module at ``sublayer`` (relative to the block) that none of its ``projections``
+    holds: computed on each tp rank's part of the heads or features once the projections are split, so each rank
+    would hold a partial sum of their gradients (or a part of a per-head tensor)."""
+    module = b.flow.modules.get(f"{b.block.name}.{sublayer}" if sublayer else b.block.name)
+    if module is None:
+        return []
+    prefix = f"{sublayer}." if sublayer else ""
+    owners = tuple(f"{p.removeprefix(prefix)}." for p in projections)
+    return [name for name, _ in module.named_parameters() if not name.startswith(owners)]
 
 
 def _feature_cut(b: _Block, first: Node, last: Node) -> Node | None:

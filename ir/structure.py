@@ -73,6 +73,9 @@ class ModelStructure:
     mlp_tuple: bool = False  # the MLP returns a tuple (Llama 4's MoE: (output, router logits))
     block_tuple: bool = False  # a block returns a tuple the model takes [0] of (Falcon's, BLOOM's (hidden, ...))
     loose: tuple[str, ...] = ()  # modules outside the blocks with parameters of no role above (BLOOM's embedding norm)
+    # modules of a block, beside attention, the MLP and the norms before them, that hold parameters (Gemma 2's
+    # post-attention and post-feedforward norms): on a sequence-sharded stream their gradients would be partial
+    block_loose: tuple[str, ...] = ()
     head_dim: int = 0
     notes: tuple[str, ...] = ()
 
@@ -80,6 +83,7 @@ class ModelStructure:
         object.__setattr__(self, "mlp_in", tuple(self.mlp_in))
         object.__setattr__(self, "dense_blocks", tuple(self.dense_blocks))
         object.__setattr__(self, "loose", tuple(self.loose))
+        object.__setattr__(self, "block_loose", tuple(self.block_loose))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
@@ -151,7 +155,7 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes", "dense_blocks"):
+        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")

@@ -77,7 +77,9 @@ class Absent(nn.Module):
 class EmptyEmbedding(Absent):
     """An embedding on a stage after the first: zeros of the shape it would give (``ids.shape + (dim,)``), so
     the model's forward can build what it builds from the embedded sequence (masks, rotary tables); the
-    first block this stage holds takes the activation the previous stage sent instead."""
+    first block this stage holds takes the activation the previous stage sent instead. Its ``weight`` is an empty
+    (0, dim) tensor on the stage's device, a buffer outside the state dict, for a forward that reads the table's
+    device or dtype (Llama 4's: ``input_ids.to(self.embed_tokens.weight.device)``)."""
 
     def __init__(self, path: str, embedding: nn.Module) -> None:
         super().__init__(path)
@@ -86,6 +88,8 @@ class EmptyEmbedding(Absent):
             raise InvalidPlanError(f"pipeline parallelism: {path!r} ({type(embedding).__name__}) has no 2-D weight; "
                                    "the split replaces the embeddings on later stages by zeros of their output shape")
         self.dim, self.dtype = int(weight.shape[1]), weight.dtype
+        device = "cpu" if weight.is_meta else weight.device
+        self.register_buffer("weight", torch.empty(0, self.dim, dtype=weight.dtype, device=device), persistent=False)
 
     def forward(self, ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return torch.zeros(*ids.shape, self.dim, dtype=self.dtype, device=ids.device)

@@ -192,8 +192,12 @@ def test_a_block_the_intra_op_program_cannot_split_gets_megatron_s_split_on_its_
     plan = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2})
     tp = {name.split(".")[-2]: lay[3] for name, lay in plan.param_layouts.items()
           if ".layers.0." in name and name.endswith("proj.weight")}
-    assert tp == {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)", "gate_proj": "S(0)",
-                  "up_proj": "S(0)", "down_proj": "S(1)"}, tp
+    # the MLP split Megatron's way; attention split so too or kept whole (the search's choice: without sequence
+    # parallelism, which Gemma 2's post-norms rule out, replicating this tiny attention is cheaper), never in part
+    assert {k: tp[k] for k in ("gate_proj", "up_proj", "down_proj")} == {"gate_proj": "S(0)", "up_proj": "S(0)",
+                                                                        "down_proj": "S(1)"}, tp
+    attn = tuple(tp[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert attn in (("S(0)", "S(0)", "S(0)", "S(1)"), ("R",) * 4), tp
 
 
 def test_blocks_returning_tuples_and_parameters_of_no_role_are_found() -> None:

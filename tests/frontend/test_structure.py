@@ -39,12 +39,17 @@ DECODER = dict(blocks="model.layers", num_blocks=3, embed="model.embed_tokens", 
                v="self_attn.v_proj", o="self_attn.o_proj", mlp="mlp", mlp_norm="post_attention_layernorm",
                linear_kind="linear", head_dim=16, attn_kwarg="hidden_states", attn_tuple=True)
 DENSE = dict(DECODER, mlp_in=("mlp.gate_proj", "mlp.up_proj"), mlp_out="mlp.down_proj")
+# Qwen3's q_norm / k_norm weights beside the projections: attention is kept whole over tp (no q/k/v roles)
+QK_NORMS = dict(q="", k="", v="", notes=(
+    "model.layers.*.self_attn: attention holds parameters besides its projections' ['q_norm.weight', "
+    "'k_norm.weight'] (per-head sinks, q/k norms): split by heads, each tp rank would hold a part of the sinks or "
+    "reach only a partial sum of the norms' gradients; tensor parallelism keeps attention replicated",))
 EXPECTED = {
     "llama": DENSE,
     "mistral": DENSE,
-    "qwen3": dict(DENSE, head_dim=32),
+    "qwen3": dict(DENSE, head_dim=32, **QK_NORMS),
     "mixtral": dict(DECODER, experts="mlp.experts", router="mlp.gate"),
-    "qwen3_moe": dict(DECODER, experts="mlp.experts", router="mlp.gate"),
+    "qwen3_moe": dict(DECODER, experts="mlp.experts", router="mlp.gate", **QK_NORMS),
     "gpt2": dict(blocks="transformer.h", num_blocks=3, embed="transformer.wte", pos_embed="transformer.wpe",
                  final_norm="transformer.ln_f", head="lm_head", tied_head=True, attn="attn", attn_norm="ln_1",
                  qkv="attn.c_attn", o="attn.c_proj", mlp="mlp", mlp_norm="ln_2", mlp_in=("mlp.c_fc",),

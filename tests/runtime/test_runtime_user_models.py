@@ -42,7 +42,12 @@ HF_LLAMA_4_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
 HF_LLAMA_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
                  "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
-META_BUILT = (META_TIED, META_TIED_PP)
+# Qwen3: q_norm / k_norm weights inside attention (head_dim,): split by heads, each tp rank would reach a partial
+# sum of their gradients; the structure keeps such attention whole over tp (frontend.structure_block._loose_params)
+HF_QWEN3 = {"kind": "hf", "class": "Qwen3ForCausalLM", "config": user_models.hf_llama_config(
+    model_type="qwen3", head_dim=16, pad_token_id=0)}
+META_APERTUS = "hf apertus dp2 x tp2, built on meta (xIELU slopes)"
+META_BUILT = (META_TIED, META_TIED_PP, META_APERTUS)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
 # activation on as such a tuple (ModelStructure.block_tuple)
 HF_FALCON = {"kind": "hf", "class": "FalconForCausalLM", "config": user_models.hf_falcon_config()}
@@ -51,6 +56,13 @@ HF_FALCON = {"kind": "hf", "class": "FalconForCausalLM", "config": user_models.h
 HF_PHI3 = {"kind": "hf", "class": "Phi3ForCausalLM", "config": user_models.hf_phi3_config()}
 # OPT reshapes q, k, v by its whole head count: the search keeps its attention whole over tp (frontend/head_split.py)
 HF_OPT = {"kind": "hf", "class": "OPTForCausalLM", "config": user_models.hf_opt_config()}
+# Llama 4: its model forward reads embed_tokens.weight.device (a later pipeline stage's EmptyEmbedding has one)
+HF_LLAMA4 = {"kind": "hf", "class": "Llama4ForCausalLM", "config": user_models.hf_llama_config(
+    model_type="llama4_text", num_hidden_layers=4, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+    intermediate_size_mlp=128, pad_token_id=0)}
+# Apertus: its xIELU slopes are registered with values no init rewrites (runtime.materialize's MetaInit.constructed)
+HF_APERTUS = {"kind": "hf", "class": "ApertusForCausalLM", "config": user_models.hf_llama_config(
+    model_type="apertus", head_dim=16, pad_token_id=0)}
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
@@ -127,6 +139,9 @@ def plans() -> dict[str, mp.Plan]:
         "hf llama tied dp2 x tp2 sp": dataclasses.replace(
             _plan(HF_LLAMA_TIED, dp=2, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=2), param_layouts={}),
         "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
+        "hf llama4 pp2 x dp2": _plan(HF_LLAMA4, pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
+        "hf qwen3 dp2 x tp2 (q/k norms)": _plan(HF_QWEN3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+        META_APERTUS: _plan(HF_APERTUS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
                                                    fixed={**PINS, "dp": 2, "tp": 2, "zero": 2, "sp": True,
@@ -184,7 +199,9 @@ def test_sources_are_recorded(plans) -> None:
                                   META_TIED, "hf opt dp2 x tp2",
                                   "hf gpt2 pp2 x dp2 zero2 (tied head)", META_TIED_PP,
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
-                                  "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)"])
+                                  "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)",
+                                  "hf llama4 pp2 x dp2", META_APERTUS,
+                                  "hf qwen3 dp2 x tp2 (q/k norms)"])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
