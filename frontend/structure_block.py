@@ -56,11 +56,9 @@ def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[st
         _experts(b, leaves, grouped, [n for n in rest if n not in grouped], roles, notes)
     else:
         _mlp(b, rest, roles, notes)
-    module = flow.modules.get(b.block.name)
-    placed = tuple(f"{roles[r]}." for r in ("attn", "mlp", "attn_norm", "mlp_norm") if roles.get(r))
-    if module is not None and placed:
-        roles["block_loose"] = tuple(dict.fromkeys(name.rpartition(".")[0] or name for name, _ in
-                                                   module.named_parameters() if not name.startswith(placed)))
+    placed = [roles[r] for r in ("attn", "mlp", "attn_norm", "mlp_norm") if roles.get(r)]
+    if placed:
+        roles["block_loose"] = tuple(dict.fromkeys(n.rpartition(".")[0] or n for n in _loose_params(b, "", placed)))
     kinds = {flow.weight_in_out(flow.by_name[n]) for n in roles.pop("_projections", ())}
     roles["linear_kind"] = "conv1d" if kinds == {True} else "linear"
     if kinds == {True, False}:
