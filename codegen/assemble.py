@@ -58,7 +58,7 @@ def _tp_imports(program: Program) -> list[str]:
             cls, kwargs = torch_call(style)
             classes.add(cls)
             for _, value in kwargs:
-                if isinstance(value, bool):
+                if isinstance(value, (bool, int)):
                     continue
                 layouts = value.values() if isinstance(value, dict) else value if isinstance(value, tuple) else (value,)
                 for layout in layouts:

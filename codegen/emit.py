@@ -62,6 +62,8 @@ def _tp_lines(step: TensorParallel, target: str) -> tuple[str, list[str]]:
         for key, value in kwargs:
             if isinstance(value, bool):
                 code = repr(safe.boolean(value, f"{cls}.{key}"))
+            elif isinstance(value, int):  # SequenceParallel's sequence_dim
+                code = repr(safe.integer(value, f"{cls}.{key}"))
             elif isinstance(value, dict):  # keyword argument -> layout
                 code = "{" + ", ".join(f"{safe.string_literal(safe.name(k, f'{cls}.{key} keyword'))}: "
                                        f"{layout_code(v)}" for k, v in value.items()) + "}"

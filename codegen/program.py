@@ -49,7 +49,7 @@ class TPStyle:
     out_src: str | None = None
     out: str | None = None
     kwarg: str | None = None  # prepare_input(_output): the input is this keyword argument, not the first positional
-    local: bool = False  # prepare_input: hand the module a plain local tensor (use_local_output)
+    local: bool = False  # prepare_input, sequence_parallel: hand the module (or its caller) a plain local tensor
     dtensor_out: bool = False  # colwise: return the output as a DTensor (use_local_output=False), as the
     # vocabulary-sharded logits that the vocab-parallel loss takes (runtime.loss)
 
@@ -67,11 +67,14 @@ class TPStyle:
                 raise InvalidPlanError(f"TPStyle.{name}: {exc}") from None
             if str(placement) == "P":
                 raise InvalidPlanError(f"TPStyle.{name}: a module boundary cannot be Partial (P)")
+            if self.kind == StyleKind.SEQUENCE_PARALLEL and not str(placement).startswith("S("):
+                raise InvalidPlanError(f"TPStyle.{name}: a sequence-parallel norm's input is sharded on a dim, S(d); "
+                                       f"got {layout!r}")
 
     def __str__(self) -> str:
         kind = self.kind
         if kind == StyleKind.SEQUENCE_PARALLEL:
-            return "sequence_parallel"
+            return f"sequence_parallel({self.src})" if self.src else "sequence_parallel"
         if kind == StyleKind.PREPARE_INPUT_OUTPUT:
             return f"{kind}({self.src} -> {self.dst}; {self.out_src} -> {self.out})"
         if kind in (StyleKind.PREPARE_INPUT, StyleKind.PREPARE_OUTPUT):

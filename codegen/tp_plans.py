@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..ir import InvalidPlanError, ModelStructure
+from ..ir import InvalidPlanError, ModelStructure, parse_placement
 from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
@@ -146,8 +146,18 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         if sp:
             plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", kwarg=kwarg)))
         plan += [(name, COL) for name in cols]
+        if sub == "attn":
+            plan += [(norm, head_norm(s)) for norm in s.head_norms]
         plan.append((row, TPStyle(kind=StyleKind.ROWWISE, out=stream)))
     return tuple(plan)
+
+
+def head_norm(s: ModelStructure) -> TPStyle:
+    """A norm over each head's features inside split attention (Qwen3's q_norm): it runs on this rank's heads,
+    ``S(head_norm_dim)`` of its input, with its (head_dim,) weight replicated (a DTensor whose gradient is the
+    sum over tp of each rank's heads' parts, as the sequence-parallel norms' is over the sequence), and hands
+    attention back its plain local heads."""
+    return TPStyle(kind=StyleKind.SEQUENCE_PARALLEL, src=f"S({s.head_norm_dim})", local=True)
 
 
 def attention_returns_tuple(s: ModelStructure) -> bool:
@@ -205,9 +215,9 @@ def replicated_sublayers(s: ModelStructure, layer: str, weight_tp: Mapping[str, 
 
 
 # How each style maps onto its torch class: (class name, ((keyword, value), ...)), a value being a
-# layout, a tuple of layouts, a dict of keyword argument -> layout, or a bool.
+# layout, a tuple of layouts, a dict of keyword argument -> layout, a bool, or an int (a dim).
 # Both back ends read this one table: the emitter prints the call, the runtime builds the object.
-Kwargs = tuple[tuple[str, str | tuple[str, ...] | dict[str, str] | bool], ...]
+Kwargs = tuple[tuple[str, str | tuple[str, ...] | dict[str, str] | bool | int], ...]
 _CLASS = {
     StyleKind.COLWISE: "ColwiseParallel",
     StyleKind.ROWWISE: "RowwiseParallel",
@@ -242,6 +252,7 @@ def torch_call(style: TPStyle) -> tuple[str, Kwargs]:
         # the module between stays replicated with plain-tensor parameters: hand it plain tensors
         kwargs = (*_input_layouts(style), ("use_local_input", True), ("output_layouts", (style.out_src,)),
                   ("desired_output_layouts", (style.out,)))
-    else:
-        kwargs = ()
+    else:  # sequence parallel: the norm's input sharded on dim src (default S(1)), handed back plain if local
+        kwargs = ((("sequence_dim", parse_placement(style.src).dim),) if style.src else ()) + (
+            (("use_local_output", True),) if style.local else ())
     return _CLASS[kind], tuple((k, v) for k, v in kwargs if v is not None and v != (None,))

@@ -137,12 +137,16 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
                      "attention replicated")
     roles["attn"] = common_module([*paths.values(), b.rel(attn.module_path)])
     own = _loose_params(b, roles["attn"], paths.values())
-    if own and "q" in roles:  # GPT-OSS's sinks (heads,), Qwen3's and Gemma 3's q_norm / k_norm weights (head_dim,)
+    norms, dim = _head_norms(b, roles["attn"], own, roles["head_dim"])
+    if norms:  # Qwen3's and Gemma 3's q_norm / k_norm: split with the heads, their weights replicated
+        roles["head_norms"], roles["head_norm_dim"] = norms, dim
+        own = []
+    if own and "q" in roles:  # GPT-OSS's sinks (heads,), OLMo 2's q_norm / k_norm over all heads' features
         for role in ("q", "k", "v"):
             roles.pop(role)
         notes.append(f"{b.where(roles['attn'])}: attention holds parameters besides its projections' {own} "
-                     "(per-head sinks, q/k norms): split by heads, each tp rank would hold a part of the sinks or "
-                     "reach only a partial sum of the norms' gradients; tensor parallelism keeps attention "
+                     "(per-head sinks, q/k norms over every head's features): split by heads, each tp rank would hold "
+                     "a part of the sinks or normalize over its own heads only; tensor parallelism keeps attention "
                      "replicated")
     # the norm before the earliest projection feeding attention: MLA's q_b_proj reads its own q_a_layernorm,
     # the block's input norm is before q_a_proj
@@ -195,6 +199,34 @@ def _loose_params(b: _Block, sublayer: str, projections: Iterable[str]) -> list[
     prefix = f"{sublayer}." if sublayer else ""
     owners = tuple(f"{p.removeprefix(prefix)}." for p in projections)
     return [name for name, _ in module.named_parameters() if not name.startswith(owners)]
+
+
+def _head_norms(b: _Block, attn: str, params: Sequence[str], head_dim: int) -> tuple[tuple[str, ...], int]:
+    """The modules holding ``params`` (attention's own, beside its projections) when each is a norm over one head's
+    features: its parameters (head_dim,), its input (..., heads, ..., head_dim) with the heads the one fixed dim
+    before the last (Qwen3's q_norm on (b, s, heads, head_dim), Gemma 3's on (b, heads, s, head_dim)); with the
+    heads' dim, the same for all. ((), 0) when any is not: GPT-OSS's per-head sinks (heads,), OLMo 2's q_norm over
+    all heads' features (heads * head_dim,), which a split by heads would change."""
+    if not params or head_dim <= 0:
+        return (), 0
+    prefix = f"{b.block.name}.{attn}." if attn else f"{b.block.name}."
+    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    dims = set()
+    for rel in modules:
+        path = f"{prefix}{rel}".rstrip(".")
+        module = b.flow.modules.get(path)
+        if (not rel or module is None or path not in b.flow.reducing
+                or any(tuple(p.shape) != (head_dim,) for p in module.parameters())):
+            return (), 0
+        first = next((n for n in b.nodes if n.module_path == path and n.input_metas), None)
+        shape = tuple(first.input_metas[0].shape) if first is not None else ()
+        fixed = [i for i, size in enumerate(shape[:-1]) if getattr(size, "is_Integer", False)]
+        if len(shape) < 3 or shape[-1] != head_dim or len(fixed) != 1:
+            return (), 0
+        dims.add(fixed[0])
+    if len(dims) != 1:
+        return (), 0
+    return tuple(f"{attn}.{rel}" if attn else rel for rel in modules), dims.pop()
 
 
 def _feature_cut(b: _Block, first: Node, last: Node) -> Node | None:

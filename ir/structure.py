@@ -28,6 +28,10 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
                   cannot cut back to the sequence slice where the MLP is kept whole (experts, a fused MLP)
     linear_kind   "linear" (weight (out, in)) or "conv1d" (GPT-2's Conv1D, weight (in, out))
     head_dim      the attention head width (not always hidden / heads)
+    head_norms    norms inside attention over each head's features, a (head_dim,) weight shared by the heads (Qwen3's,
+                  Gemma 3's q_norm / k_norm): under tensor parallelism each rank normalizes its own heads and the
+                  weight is replicated, its gradient summed over tp (``SequenceParallel`` on the heads' dim,
+                  ``head_norm_dim`` of the norm's input: 2 in (b, s, heads, head_dim), 1 in (b, heads, s, head_dim))
     notes         what the frontend could not use, and why (the report shows them)
 """
 from __future__ import annotations
@@ -77,6 +81,8 @@ class ModelStructure:
     # post-attention and post-feedforward norms): on a sequence-sharded stream their gradients would be partial
     block_loose: tuple[str, ...] = ()
     head_dim: int = 0
+    head_norms: tuple[str, ...] = ()  # per-head norms inside attention (Qwen3's q_norm / k_norm): module docstring
+    head_norm_dim: int = 0  # the heads' dim of their input (0: none)
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -84,6 +90,7 @@ class ModelStructure:
         object.__setattr__(self, "dense_blocks", tuple(self.dense_blocks))
         object.__setattr__(self, "loose", tuple(self.loose))
         object.__setattr__(self, "block_loose", tuple(self.block_loose))
+        object.__setattr__(self, "head_norms", tuple(self.head_norms))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
@@ -96,7 +103,7 @@ class ModelStructure:
                                            "(dotted identifiers or indices, e.g. 'model.layers')")
         if self.linear_kind not in LINEAR_KINDS:
             raise InvalidPlanError(f"structure.linear_kind: {self.linear_kind!r} is not one of {LINEAR_KINDS}")
-        for name in ("num_blocks", "head_dim"):
+        for name in ("num_blocks", "head_dim", "head_norm_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidPlanError(f"structure.{name}: expected a non-negative integer, got {value!r}")
@@ -106,6 +113,10 @@ class ModelStructure:
             raise InvalidPlanError(f"structure.dense_blocks: {list(self.dense_blocks)} must be block indices below "
                                    f"num_blocks({self.num_blocks}) of a model with experts (experts is "
                                    f"{self.experts!r}); bad entries: {bad}")
+        if bool(self.head_norms) != (self.head_norm_dim > 0):
+            raise InvalidPlanError(f"structure.head_norms {list(self.head_norms)} and head_norm_dim "
+                                   f"{self.head_norm_dim} go together: norms need the heads' dim (> 0), and a dim "
+                                   "needs norms")
         if self.num_blocks and not self.blocks:
             raise InvalidPlanError(f"structure: num_blocks is {self.num_blocks} but blocks (the container) is empty")
 
@@ -155,7 +166,7 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose"):
+        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")

@@ -26,7 +26,7 @@ def placement(layout: str) -> Placement:
 def parallel_style(style: TPStyle) -> tp.ParallelStyle:
     """The ``torch.distributed.tensor.parallel`` style object for ``style`` (codegen's table says which)."""
     cls_name, kwargs = torch_call(style)
-    built = {key: value if isinstance(value, bool)
+    built = {key: value if isinstance(value, (bool, int))
              else {k: placement(v) for k, v in value.items()} if isinstance(value, dict)
              else tuple(placement(v) for v in value) if isinstance(value, tuple) else placement(value)
              for key, value in kwargs}

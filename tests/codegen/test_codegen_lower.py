@@ -80,6 +80,28 @@ def test_tp_without_sp_keeps_the_stream_replicated() -> None:
     assert str(block["mlp.w2"]) == "rowwise(S(-1) -> R)"
 
 
+def test_per_head_norms_split_with_their_heads() -> None:
+    """Qwen3's q_norm / k_norm (a (head_dim,) weight on (b, s, heads, head_dim)): sequence-parallel on the heads'
+    dim, handing attention its local heads back, printed as the torch call the emitted script makes."""
+    from meshplan.codegen import torch_call
+    from meshplan.codegen.tp_plans import block_plan
+
+    s = ir.ModelStructure(blocks="layers", num_blocks=2, attn="attn", q="attn.q", k="attn.k", v="attn.v", o="attn.o",
+                          head_norms=("attn.q_norm", "attn.k_norm"), head_norm_dim=2)
+    styles = dict(block_plan(s, sp=False))
+    assert str(styles["attn.q_norm"]) == "sequence_parallel(S(2))" and styles["attn.k_norm"] == styles["attn.q_norm"]
+    assert torch_call(styles["attn.q_norm"]) == ("SequenceParallel", (("sequence_dim", 2), ("use_local_output", True)))
+    step = TensorParallel(module="layers.0", plan=tuple(block_plan(s, sp=False)))
+    source = emit_source(dataclasses.replace(lower(plan("llama", tp=2)), steps=(lower(plan("llama", tp=2)).steps[0],
+                                                                                 step)))
+    assert '"attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True)' in source
+    assert block_plan(dataclasses.replace(s, q="", k="", v=""), sp=False) == ()  # attention whole: no styles
+    with pytest.raises(ir.InvalidPlanError, match="go together"):
+        dataclasses.replace(s, head_norm_dim=0)
+    with pytest.raises(ir.InvalidPlanError, match="sharded on a dim"):
+        TPStyle(kind=StyleKind.SEQUENCE_PARALLEL, src="R")
+
+
 def test_moe_under_tp_splits_attention_and_keeps_experts_whole() -> None:
     block = dict(lower(plan("moe", tp=2, sp=True)).steps[2].plan)
     assert not any(path.startswith("mlp.") for path in block)

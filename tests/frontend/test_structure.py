@@ -39,11 +39,8 @@ DECODER = dict(blocks="model.layers", num_blocks=3, embed="model.embed_tokens", 
                v="self_attn.v_proj", o="self_attn.o_proj", mlp="mlp", mlp_norm="post_attention_layernorm",
                linear_kind="linear", head_dim=16, attn_kwarg="hidden_states", attn_tuple=True)
 DENSE = dict(DECODER, mlp_in=("mlp.gate_proj", "mlp.up_proj"), mlp_out="mlp.down_proj")
-# Qwen3's q_norm / k_norm weights beside the projections: attention is kept whole over tp (no q/k/v roles)
-QK_NORMS = dict(q="", k="", v="", notes=(
-    "model.layers.*.self_attn: attention holds parameters besides its projections' ['q_norm.weight', "
-    "'k_norm.weight'] (per-head sinks, q/k norms): split by heads, each tp rank would hold a part of the sinks or "
-    "reach only a partial sum of the norms' gradients; tensor parallelism keeps attention replicated",))
+# Qwen3's q_norm / k_norm (head_dim,) on (b, s, heads, head_dim): split with the heads, dim 2 (tp_plans.head_norm)
+QK_NORMS = dict(head_norms=("self_attn.q_norm", "self_attn.k_norm"), head_norm_dim=2)
 EXPECTED = {
     "llama": DENSE,
     "mistral": DENSE,

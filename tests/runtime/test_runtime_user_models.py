@@ -42,8 +42,8 @@ HF_LLAMA_4_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
 HF_LLAMA_TIED = {"kind": "hf", "class": "LlamaForCausalLM",
                  "config": user_models.hf_llama_config(tie_word_embeddings=True)}
 META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
-# Qwen3: q_norm / k_norm weights inside attention (head_dim,): split by heads, each tp rank would reach a partial
-# sum of their gradients; the structure keeps such attention whole over tp (frontend.structure_block._loose_params)
+# Qwen3: q_norm / k_norm weights inside attention (head_dim,): split with the heads, each tp rank reaches a partial
+# sum of their gradients, so they are replicated DTensors whose gradients tp sums (codegen.tp_plans.head_norm)
 HF_QWEN3 = {"kind": "hf", "class": "Qwen3ForCausalLM", "config": user_models.hf_llama_config(
     model_type="qwen3", head_dim=16, pad_token_id=0)}
 META_APERTUS = "hf apertus dp2 x tp2, built on meta (xIELU slopes)"
@@ -229,6 +229,12 @@ def test_a_tied_head_is_vocab_parallel_with_its_embedding(ranks) -> None:
                         ("hf llama tied dp2 x tp2 sp", "model.embed_tokens")):
         steps = ranks[0][name]["steps"]
         assert f"{embed}: rowwise" in steps and "lm_head: colwise" in steps, steps
+
+
+def test_qwen3_attention_is_split_with_its_head_norms(ranks) -> None:
+    steps = ranks[0]["hf qwen3 dp2 x tp2 (q/k norms)"]["steps"]
+    assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
+    assert "self_attn.q_norm: sequence_parallel(S(2))" in steps and "self_attn.k_norm: sequence_parallel(S(2))" in steps
 
 
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
