@@ -8,7 +8,7 @@ from .program import (DataParallel, ExpertMesh, ExpertParallel, FullyShard, Poli
 from . import fused, model_source, options, safe
 from .context import imports as context_imports
 from .pipeline_emit import schedule_import as pipeline_schedule_import
-from .tp_plans import torch_call
+from .tp_plans import MESHPLAN_STYLES, torch_call
 
 INDENT = "    "
 
@@ -65,11 +65,12 @@ def _tp_imports(program: Program) -> list[str]:
                     placements.add("Replicate" if layout == "R" else "Shard")
     if not classes:
         return []
-    names = sorted(classes) + ["parallelize_module"]
+    names = sorted(classes - set(MESHPLAN_STYLES)) + ["parallelize_module"]
     root = any(isinstance(step, TensorParallel) and step.module == "" for step in program.steps)
-    return [f"from torch.distributed.tensor import {', '.join(sorted(placements))}",
+    own = sorted(classes & set(MESHPLAN_STYLES)) + (["kept_ties"] if root else [])
+    return ([f"from torch.distributed.tensor import {', '.join(sorted(placements))}"] if placements else []) + [
             "from torch.distributed.tensor.parallel import (",
-            *_wrap(names, INDENT), ")"] + (["from meshplan.runtime.styles import kept_ties"] if root else [])
+            *_wrap(names, INDENT), ")"] + ([f"from meshplan.runtime.styles import {', '.join(own)}"] if own else [])
 
 
 def _wrap(items: list[str], pad: str, width: int = 100) -> list[str]:

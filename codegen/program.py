@@ -28,6 +28,7 @@ class StyleKind(StrEnum):
     COLWISE = "colwise"  # ColwiseParallel: weight S(0) (out features), output S(-1)
     ROWWISE = "rowwise"  # RowwiseParallel: weight S(1) (in features), output reduced
     SEQUENCE_PARALLEL = "sequence_parallel"  # SequenceParallel: norm on S(1) activations
+    FEATURE_NORM = "feature_norm"  # meshplan's FeatureShardedNorm: a norm over features tp splits (OLMo 2's q_norm)
     PREPARE_INPUT = "prepare_input"  # PrepareModuleInput: redistribute the first input
     PREPARE_OUTPUT = "prepare_output"  # PrepareModuleOutput: redistribute the output
     PREPARE_INPUT_OUTPUT = "prepare_input_output"  # both, for a module kept replicated
@@ -75,6 +76,8 @@ class TPStyle:
         kind = self.kind
         if kind == StyleKind.SEQUENCE_PARALLEL:
             return f"sequence_parallel({self.src})" if self.src else "sequence_parallel"
+        if kind == StyleKind.FEATURE_NORM:
+            return "feature_norm"
         if kind == StyleKind.PREPARE_INPUT_OUTPUT:
             return f"{kind}({self.src} -> {self.dst}; {self.out_src} -> {self.out})"
         if kind in (StyleKind.PREPARE_INPUT, StyleKind.PREPARE_OUTPUT):

@@ -33,6 +33,9 @@ from .program import StyleKind, TPStyle
 
 COL = TPStyle(kind=StyleKind.COLWISE)
 SP_NORM = TPStyle(kind=StyleKind.SEQUENCE_PARALLEL)
+# a norm over the features of a colwise projection's output (OLMo 2's q_norm / k_norm over every head's q / k): its
+# weight split as those features are, its mean reduced over tp (runtime.styles.FeatureShardedNorm)
+FEATURE_NORM = TPStyle(kind=StyleKind.FEATURE_NORM)
 SUBLAYER_NAMES = ("attn", "mlp")
 
 
@@ -148,6 +151,7 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
         plan += [(name, COL) for name in cols]
         if sub == "attn":
             plan += [(norm, head_norm(s)) for norm in s.head_norms]
+            plan += [(norm, FEATURE_NORM) for norm in s.feature_norms]
         plan.append((row, TPStyle(kind=StyleKind.ROWWISE, out=stream)))
     return tuple(plan)
 
@@ -225,7 +229,10 @@ _CLASS = {
     StyleKind.PREPARE_INPUT: "PrepareModuleInput",
     StyleKind.PREPARE_OUTPUT: "PrepareModuleOutput",
     StyleKind.PREPARE_INPUT_OUTPUT: "PrepareModuleInputOutput",
+    StyleKind.FEATURE_NORM: "FeatureShardedNorm",
 }
+# the styles that are meshplan's own (runtime/styles.py), not torch.distributed.tensor.parallel's
+MESHPLAN_STYLES = ("FeatureShardedNorm",)
 
 
 def _input_layouts(style: TPStyle) -> Kwargs:
@@ -252,6 +259,8 @@ def torch_call(style: TPStyle) -> tuple[str, Kwargs]:
         # the module between stays replicated with plain-tensor parameters: hand it plain tensors
         kwargs = (*_input_layouts(style), ("use_local_input", True), ("output_layouts", (style.out_src,)),
                   ("desired_output_layouts", (style.out,)))
+    elif kind == StyleKind.FEATURE_NORM:
+        kwargs = ()
     else:  # sequence parallel: the norm's input sharded on dim src (default S(1)), handed back plain if local
         kwargs = ((("sequence_dim", parse_placement(style.src).dim),) if style.src else ()) + (
             (("use_local_output", True),) if style.local else ())

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from ..ir.errors import InvalidPlanError
 from ..ir.graph import Graph, ModelDims
 from ..ir.plan import Plan, Prediction, Recompute
-from .collectives import collective_time
+from .collectives import bus_bytes, collective_time
 from .data_parallel import (OPTIMIZER_BYTES_PER_PARAM, DataParallelCost, RankParams, data_parallel_cost,
                             fsdp_under_pipeline, optimizer_step_s, rank_params)
 from .dispatch import (optimizer_dispatch_s, partial_grad_allreduces, runs_dtensor_styles,
@@ -53,7 +53,7 @@ from .layer_cost import LayerCost, LayerShape, edge_cost, layer_cost
 from .memory import ACTIVATION_BYTES, STATE_BYTES
 from .pipeline import RankLayers, bubble_s, inflight_microbatches, rank_layers
 from .software import DEFAULT, Software
-from .sublayers import replicated_params, replicated_sublayers, sublayer_shares
+from .sublayers import norm_reductions, replicated_params, replicated_sublayers, sublayer_shares
 from .summary import ModelSummary, summary_of
 
 FAMILIES = ("tp", "cp", "ep", "pp", "dp")
@@ -202,6 +202,14 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
         whole = layer_cost(replace(shape, tp=1, sp=False), cluster)
         layer = _with_replicated(layer, whole, sublayer_shares(shape.dims, plan.seq_len), replicated,
                                  shape.software.selective_saves_matmuls)
+    if reductions := norm_reductions(plan):  # a norm's statistics over features tp split (OLMo 2's q_norm)
+        stats = 4.0 * shape.tokens  # one fp32 number a token
+        one = collective_time("all-reduce", stats, shape.tp, 1, cluster) + cluster.accelerator.sync_overhead_s
+        moved = reductions * bus_bytes("all-reduce", stats, shape.tp)
+        layer = replace(layer, fwd_comm_s=layer.fwd_comm_s + reductions * one,
+                        bwd_comm_s=layer.bwd_comm_s + reductions * one,
+                        comm_bytes_fwd={**layer.comm_bytes_fwd, "tp": layer.comm_bytes_fwd["tp"] + moved},
+                        comm_bytes_bwd={**layer.comm_bytes_bwd, "tp": layer.comm_bytes_bwd["tp"] + moved})
     seen: dict[tuple, RankTime] = {}
     out = []
     for r in ranks:

@@ -71,3 +71,14 @@ def sublayer_shares(dims: ModelDims, seq_len: int) -> dict[str, tuple[float, flo
 def replicated_params(plan: Plan, dims: ModelDims) -> float:
     """Parameters per layer that ``plan`` keeps whole over tp (0 when every sublayer is split)."""
     return sum(sublayer_shares(dims, plan.seq_len)[sub][1] for sub in replicated_sublayers(plan))
+
+
+def norm_reductions(plan: Plan) -> int:
+    """All-reduces over tp of one forward (and as many in the backward) that a block's attention adds when tp splits
+    it: one per norm over a projection's split output (``ModelStructure.feature_norms``: OLMo 2's q_norm and
+    k_norm, whose mean of squares each rank has a part of; ``runtime.styles.FeatureShardedNorm``), 4 bytes a
+    token each. 0 without tp or where attention is kept whole."""
+    s = own_structure(plan)
+    if plan.mesh.tp <= 1 or s is None or not s.feature_norms or "attn" in replicated_sublayers(plan):
+        return 0
+    return len(s.feature_norms)

@@ -60,6 +60,11 @@ def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[
         for path in (s.q, s.k, s.v):
             block.set_submodule(path, _narrowed(block.get_submodule(path), out=2))
         block.set_submodule(s.o, _narrowed(block.get_submodule(s.o), inp=2))
+        for path in s.feature_norms:  # their weights split as the q / k features are (runtime.styles)
+            norm = block.get_submodule(path)
+            for name, param in list(norm.named_parameters(recurse=False)):
+                norm.register_parameter(name, nn.Parameter(torch.empty(param.shape[0] // 2, dtype=param.dtype,
+                                                                        device="meta")))
     mode = _Shapes()
     attn = block.get_submodule(s.attn)
     # fake tensors: Hugging Face's mask code skips its value checks (.item()) when it sees one, as under export;

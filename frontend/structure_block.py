@@ -141,6 +141,11 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
     if norms:  # Qwen3's and Gemma 3's q_norm / k_norm: split with the heads, their weights replicated
         roles["head_norms"], roles["head_norm_dim"] = norms, dim
         own = []
+    widths = {int(flow.shapes[w][0]) for n in (qkv[0], qkv[1]) if n is not None and (w := flow.weight(n))
+              and not flow.weight_in_out(n)}
+    if own and (feature := _feature_norms(b, roles["attn"], own, widths)):  # OLMo 2's q_norm / k_norm
+        roles["feature_norms"] = feature
+        own = []
     if own and "q" in roles:  # GPT-OSS's sinks (heads,), OLMo 2's q_norm / k_norm over all heads' features
         for role in ("q", "k", "v"):
             roles.pop(role)
@@ -227,6 +232,26 @@ def _head_norms(b: _Block, attn: str, params: Sequence[str], head_dim: int) -> t
     if len(dims) != 1:
         return (), 0
     return tuple(f"{attn}.{rel}" if attn else rel for rel in modules), dims.pop()
+
+
+def _feature_norms(b: _Block, attn: str, params: Sequence[str], widths: set[int]) -> tuple[str, ...]:
+    """The modules holding ``params`` (attention's own, beside its projections) when each is a norm over a q or k
+    projection's whole output (``widths``: their output features): parameters (width,), input (..., width), as
+    OLMo 2's q_norm / k_norm over every head's q / k. Split over tp as the projection's output is, each rank's
+    part of the weight meets its part of the features. () when any is not."""
+    prefix = f"{b.block.name}.{attn}." if attn else f"{b.block.name}."
+    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    for rel in modules:
+        path = f"{prefix}{rel}".rstrip(".")
+        module = b.flow.modules.get(path)
+        sizes = {tuple(p.shape) for p in module.parameters()} if module is not None else set()
+        if not rel or path not in b.flow.reducing or len(sizes) != 1 or len(width := next(iter(sizes))) != 1:
+            return ()
+        first = next((n for n in b.nodes if n.module_path == path and n.input_metas), None)
+        shape = tuple(first.input_metas[0].shape) if first is not None else ()
+        if width[0] not in widths or len(shape) != 3 or shape[-1] != width[0]:
+            return ()
+    return tuple(f"{attn}.{rel}" if attn else rel for rel in modules)
 
 
 def _feature_cut(b: _Block, first: Node, last: Node) -> Node | None:

@@ -32,6 +32,9 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
                   Gemma 3's q_norm / k_norm): under tensor parallelism each rank normalizes its own heads and the
                   weight is replicated, its gradient summed over tp (``SequenceParallel`` on the heads' dim,
                   ``head_norm_dim`` of the norm's input: 2 in (b, s, heads, head_dim), 1 in (b, heads, s, head_dim))
+    feature_norms norms inside attention over all heads' features of q or k, a (heads * head_dim,) weight (OLMo 2's
+                  q_norm / k_norm): under tensor parallelism the weight is split as the projection's output is and the
+                  norm's mean of squares is reduced over tp (``runtime.styles.FeatureShardedNorm``)
     notes         what the frontend could not use, and why (the report shows them)
 """
 from __future__ import annotations
@@ -83,6 +86,7 @@ class ModelStructure:
     head_dim: int = 0
     head_norms: tuple[str, ...] = ()  # per-head norms inside attention (Qwen3's q_norm / k_norm): module docstring
     head_norm_dim: int = 0  # the heads' dim of their input (0: none)
+    feature_norms: tuple[str, ...] = ()  # norms over a colwise projection's whole output (OLMo 2's q_norm)
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -91,6 +95,7 @@ class ModelStructure:
         object.__setattr__(self, "loose", tuple(self.loose))
         object.__setattr__(self, "block_loose", tuple(self.block_loose))
         object.__setattr__(self, "head_norms", tuple(self.head_norms))
+        object.__setattr__(self, "feature_norms", tuple(self.feature_norms))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
@@ -166,7 +171,7 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms"):
+        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms", "feature_norms"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")

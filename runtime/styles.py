@@ -8,7 +8,8 @@ from functools import reduce
 
 import torch
 from torch import nn
-from torch.distributed.tensor import Placement, Replicate, Shard
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor import parallel as tp
 
 from ..codegen import TPStyle, torch_call
@@ -23,14 +24,43 @@ def placement(layout: str) -> Placement:
     return Replicate() if isinstance(parsed, IrReplicate) else Shard(parsed.dim)
 
 
+class FeatureShardedNorm(tp.ParallelStyle):
+    """A norm over the features of a column-parallel projection's output, which tp splits (OLMo 2's q_norm / k_norm
+    over every head's q / k, a (heads * head_dim,) weight): each rank holds its features' part of the weight
+    (``Shard(0)``, as ``ColwiseParallel`` splits the projection's rows), takes its input as the ``Shard(-1)``
+    DTensor it is, so that DTensor reduces the norm's statistics (the mean of squares) over tp, one number a token,
+    and hands the output back as its local features. The user's own norm code runs; its gradients are whole."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._shard_params, self._input, self._output)
+
+    @staticmethod
+    def _shard_params(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for key, param in list(module.named_parameters(recurse=False)):
+            sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]), requires_grad=param.requires_grad)
+            module.register_parameter(key, sharded)
+
+    @staticmethod
+    def _input(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+        x, *rest = inputs
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, [Shard(x.dim() - 1)], run_check=False)
+        return (x, *rest)
+
+    @staticmethod
+    def _output(module: nn.Module, outputs: object, mesh: DeviceMesh) -> object:
+        return outputs.to_local() if isinstance(outputs, DTensor) else outputs
+
+
 def parallel_style(style: TPStyle) -> tp.ParallelStyle:
-    """The ``torch.distributed.tensor.parallel`` style object for ``style`` (codegen's table says which)."""
+    """The ``torch.distributed.tensor.parallel`` style object for ``style`` (codegen's table says which), or
+    meshplan's own (``FeatureShardedNorm``)."""
     cls_name, kwargs = torch_call(style)
     built = {key: value if isinstance(value, (bool, int))
              else {k: placement(v) for k, v in value.items()} if isinstance(value, dict)
              else tuple(placement(v) for v in value) if isinstance(value, tuple) else placement(value)
              for key, value in kwargs}
-    return getattr(tp, cls_name)(**built)
+    return (FeatureShardedNorm if cls_name == "FeatureShardedNorm" else getattr(tp, cls_name))(**built)
 
 
 def torch_op(name: str) -> torch._ops.OpOverload:

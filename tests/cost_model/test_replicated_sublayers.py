@@ -77,3 +77,25 @@ def test_a_model_on_its_own_modules_is_read_at_its_own_paths(make_graph, make_pl
     split, whole = estimate(graph, cluster, own), estimate(graph, cluster, fused)
     assert whole.time_s["compute"] > split.time_s["compute"]
     assert whole.memory_bytes["params"] > split.memory_bytes["params"]
+
+
+def test_norms_over_split_features_add_one_small_all_reduce_each(make_graph, make_plan) -> None:
+    """OLMo 2's q_norm / k_norm over every head's features (``ModelStructure.feature_norms``): split with q_proj and
+    k_proj, each reduces its mean of squares over tp, one fp32 number a token, in the forward and the backward
+    (``runtime.styles.FeatureShardedNorm``); nothing without tp, or where attention is kept whole."""
+    from meshplan.cost_model.collectives import collective_time
+    from meshplan.cost_model.sublayers import norm_reductions
+
+    cfg = zoo.config("llama3-8b")
+    graph, cluster = make_graph(cfg), Cluster.preset("h100-sxm")
+    base = make_plan(cfg, cluster, global_batch=8, seq_len=2048, tp=4, dp=2)
+    plain = dataclasses.replace(base, structure=_structure())
+    normed = dataclasses.replace(base, structure=_structure(feature_norms=["self_attn.q_norm", "self_attn.k_norm"]))
+    assert norm_reductions(plain) == 0 and norm_reductions(normed) == 2
+    assert norm_reductions(dataclasses.replace(normed, structure=_structure(
+        q="", k="", v="", feature_norms=["self_attn.q_norm"]))) == 0  # attention whole: nothing split
+    a, b = estimate(graph, cluster, plain), estimate(graph, cluster, normed)
+    one = collective_time("all-reduce", 4.0 * base.micro_batch_size * base.seq_len, 4, 1, cluster)
+    per_step = 2 * 2 * one * cfg.layers * base.num_microbatches  # 2 norms, forward and backward, every layer
+    assert b.time_s["exposed_comm"] - a.time_s["exposed_comm"] == pytest.approx(per_step, rel=1e-6)
+    assert b.time_s["compute"] == pytest.approx(a.time_s["compute"])

@@ -40,14 +40,16 @@ def test_opt_attention_is_kept_whole_and_llama_s_is_split() -> None:
     assert whole and split and len(whole) == len(split)  # the probe ran Llama's attention both ways
 
 
-def test_olmo2_s_whole_width_q_norm_keeps_its_attention_whole() -> None:
-    """OLMo 2 normalizes q and k over all heads at once (``q_norm`` of width heads x head_dim): a rank's half of the
-    heads cannot take that norm (the split run fails, as tp's workers would), so attention stays whole: found
-    before the split is probed, as a parameter beside the projections (``structure_block._loose_params``)."""
+def test_olmo2_s_whole_width_q_norm_splits_with_its_projections() -> None:
+    """OLMo 2 normalizes q and k over all heads at once (``q_norm`` of width heads x head_dim): the norm is found as
+    one over q_proj's and k_proj's whole outputs (``ModelStructure.feature_norms``), so tp splits its weight as their
+    features are and reduces its statistics (``runtime.styles.FeatureShardedNorm``); the probe runs the half-width
+    attention with the half-width norms and finds the heads split cleanly."""
     import transformers
 
     config = transformers.Olmo2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=64)
     s = trace(_hf("Olmo2ForCausalLM", config.to_dict()), seq_len=32).structure
-    assert s.tp_linears()["attn"] is None and any("'q_norm.weight'" in n for n in s.notes), s.notes
-
+    assert s.feature_norms == ("self_attn.q_norm", "self_attn.k_norm") and not s.head_norms, s
+    assert s.attn_split and not s.attn_whole and s.tp_linears()["attn"] is not None, s.notes
+    assert not any("q_norm" in n for n in s.notes), s.notes

@@ -46,6 +46,11 @@ META_TIED_PP = "hf llama tied pp2 x dp2 vp2 zero3, built on meta"
 # sum of their gradients, so they are replicated DTensors whose gradients tp sums (codegen.tp_plans.head_norm)
 HF_QWEN3 = {"kind": "hf", "class": "Qwen3ForCausalLM", "config": user_models.hf_llama_config(
     model_type="qwen3", head_dim=16, pad_token_id=0)}
+# OLMo 2: q_norm / k_norm over every head's features (heads * head_dim,): split as q_proj's and k_proj's outputs are,
+# their mean of squares reduced over tp (runtime.styles.FeatureShardedNorm)
+HF_OLMO2 = {"kind": "hf", "class": "Olmo2ForCausalLM", "config": user_models.hf_llama_config(
+    model_type="olmo2", pad_token_id=0, eos_token_id=1)}
+OLMO2 = "hf olmo2 dp2 x tp2 (q/k norms over all heads)"
 META_APERTUS = "hf apertus dp2 x tp2, built on meta (xIELU slopes)"
 META_BUILT = (META_TIED, META_TIED_PP, META_APERTUS)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
@@ -141,6 +146,7 @@ def plans() -> dict[str, mp.Plan]:
         "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "hf llama4 pp2 x dp2": _plan(HF_LLAMA4, pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
         "hf qwen3 dp2 x tp2 (q/k norms)": _plan(HF_QWEN3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+        OLMO2: _plan(HF_OLMO2, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         META_APERTUS: _plan(HF_APERTUS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
@@ -201,7 +207,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
                                   "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)",
                                   "hf llama4 pp2 x dp2", META_APERTUS,
-                                  "hf qwen3 dp2 x tp2 (q/k norms)"])
+                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -235,6 +241,12 @@ def test_qwen3_attention_is_split_with_its_head_norms(ranks) -> None:
     steps = ranks[0]["hf qwen3 dp2 x tp2 (q/k norms)"]["steps"]
     assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
     assert "self_attn.q_norm: sequence_parallel(S(2))" in steps and "self_attn.k_norm: sequence_parallel(S(2))" in steps
+
+
+def test_olmo2_attention_is_split_with_its_norms_over_all_heads(ranks) -> None:
+    steps = ranks[0][OLMO2]["steps"]
+    assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
+    assert "self_attn.q_norm: feature_norm" in steps and "self_attn.k_norm: feature_norm" in steps
 
 
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
