@@ -29,6 +29,9 @@ class StyleKind(StrEnum):
     ROWWISE = "rowwise"  # RowwiseParallel: weight S(1) (in features), output reduced
     SEQUENCE_PARALLEL = "sequence_parallel"  # SequenceParallel: norm on S(1) activations
     FEATURE_NORM = "feature_norm"  # meshplan's FeatureShardedNorm: a norm over features tp splits (OLMo 2's q_norm)
+    # meshplan's HeadShardedParams: attention's own per-head parameters split with its heads (GPT-OSS's sinks), and
+    # its input prepared as prepare_input's where src is set (under sp)
+    HEAD_PARAMS = "head_params"
     PREPARE_INPUT = "prepare_input"  # PrepareModuleInput: redistribute the first input
     PREPARE_OUTPUT = "prepare_output"  # PrepareModuleOutput: redistribute the output
     PREPARE_INPUT_OUTPUT = "prepare_input_output"  # both, for a module kept replicated
@@ -78,6 +81,8 @@ class TPStyle:
             return f"sequence_parallel({self.src})" if self.src else "sequence_parallel"
         if kind == StyleKind.FEATURE_NORM:
             return "feature_norm"
+        if kind == StyleKind.HEAD_PARAMS:
+            return f"head_params({self.src} -> {self.dst})" if self.src else "head_params"
         if kind == StyleKind.PREPARE_INPUT_OUTPUT:
             return f"{kind}({self.src} -> {self.dst}; {self.out_src} -> {self.out})"
         if kind in (StyleKind.PREPARE_INPUT, StyleKind.PREPARE_OUTPUT):

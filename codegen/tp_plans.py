@@ -146,7 +146,10 @@ def block_plan(s: ModelStructure, sp: bool, replicated: frozenset[str] = frozens
                                              out_src="R", out="S(1)", kwarg=kwarg)))
             continue  # without sp the stream is a plain replicated tensor already
         cols, row = linears
-        if sp:
+        if sub == "attn" and s.head_params:  # GPT-OSS's sinks split with the heads; under sp, the input gathered too
+            plan.append((module, TPStyle(kind=StyleKind.HEAD_PARAMS, src="S(1)" if sp else None,
+                                         dst="R" if sp else None, kwarg=kwarg if sp else None)))
+        elif sp:
             plan.append((module, TPStyle(kind=StyleKind.PREPARE_INPUT, src="S(1)", dst="R", kwarg=kwarg)))
         plan += [(name, COL) for name in cols]
         if sub == "attn":
@@ -230,9 +233,10 @@ _CLASS = {
     StyleKind.PREPARE_OUTPUT: "PrepareModuleOutput",
     StyleKind.PREPARE_INPUT_OUTPUT: "PrepareModuleInputOutput",
     StyleKind.FEATURE_NORM: "FeatureShardedNorm",
+    StyleKind.HEAD_PARAMS: "HeadShardedParams",
 }
 # the styles that are meshplan's own (runtime/styles.py), not torch.distributed.tensor.parallel's
-MESHPLAN_STYLES = ("FeatureShardedNorm",)
+MESHPLAN_STYLES = ("FeatureShardedNorm", "HeadShardedParams")
 
 
 def _input_layouts(style: TPStyle) -> Kwargs:
@@ -261,6 +265,8 @@ def torch_call(style: TPStyle) -> tuple[str, Kwargs]:
                   ("desired_output_layouts", (style.out,)))
     elif kind == StyleKind.FEATURE_NORM:
         kwargs = ()
+    elif kind == StyleKind.HEAD_PARAMS:
+        kwargs = _input_layouts(style) if style.src else ()
     else:  # sequence parallel: the norm's input sharded on dim src (default S(1)), handed back plain if local
         kwargs = ((("sequence_dim", parse_placement(style.src).dim),) if style.src else ()) + (
             (("use_local_output", True),) if style.local else ())

@@ -51,6 +51,11 @@ def _narrowed(linear: nn.Linear, *, out: int = 1, inp: int = 1) -> nn.Linear:
                      device="meta", dtype=linear.weight.dtype)
 
 
+def _halved_param(param: torch.Tensor) -> nn.Parameter:
+    """A meta parameter with ``param``'s first dim halved, as ``Shard(0)`` over tp = 2 leaves it on a rank."""
+    return nn.Parameter(torch.empty(param.shape[0] // 2, *param.shape[1:], dtype=param.dtype, device="meta"))
+
+
 def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[tuple[int, ...]] | None:
     """The 4-D shapes the first block's attention makes on a meta copy (its heads halved when ``split``);
     None when that forward fails."""
@@ -63,8 +68,11 @@ def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[
         for path in s.feature_norms:  # their weights split as the q / k features are (runtime.styles)
             norm = block.get_submodule(path)
             for name, param in list(norm.named_parameters(recurse=False)):
-                norm.register_parameter(name, nn.Parameter(torch.empty(param.shape[0] // 2, dtype=param.dtype,
-                                                                        device="meta")))
+                norm.register_parameter(name, _halved_param(param))
+        for path in s.head_params:  # GPT-OSS's sinks: a rank holds its heads' entries
+            holder, _, name = path.rpartition(".")
+            module = block.get_submodule(holder)
+            module.register_parameter(name, _halved_param(getattr(module, name)))
     mode = _Shapes()
     attn = block.get_submodule(s.attn)
     # fake tensors: Hugging Face's mask code skips its value checks (.item()) when it sees one, as under export;

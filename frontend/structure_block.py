@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ..ir import Block, Node, OpKind
 from .blocks import rebase
 from .flow import Flow, common_module, owner
@@ -35,6 +37,12 @@ class _Block:
 
     def downstream(self, node: Node) -> set[str]:
         return {n.name for n in self.flow.walk([node.name], self.within, up=False)}
+
+    def param_shape(self, sublayer: str, name: str) -> tuple[int, ...]:
+        """The shape of parameter ``name`` of the module at ``sublayer`` (relative to the block); () if none."""
+        module = self.flow.modules.get(f"{self.block.name}.{sublayer}" if sublayer else self.block.name)
+        param = getattr(module, name, None) if module is not None else None
+        return tuple(param.shape) if isinstance(param, torch.Tensor) else ()
 
 
 def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[str]]:
@@ -145,6 +153,11 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
               and not flow.weight_in_out(n)}
     if own and (feature := _feature_norms(b, roles["attn"], own, widths)):  # OLMo 2's q_norm / k_norm
         roles["feature_norms"] = feature
+        own = []
+    heads = int(flow.shapes[w][0]) // roles["head_dim"] if roles["head_dim"] and qkv[0] is not None and (
+        w := flow.weight(qkv[0])) and not flow.weight_in_out(qkv[0]) else 0
+    if own and heads and all("." not in p and b.param_shape(roles["attn"], p)[:1] == (heads,) for p in own):
+        roles["head_params"] = tuple(f"{roles['attn']}.{p}" if roles["attn"] else p for p in own)  # GPT-OSS's sinks
         own = []
     if own and "q" in roles:  # GPT-OSS's sinks (heads,), OLMo 2's q_norm / k_norm over all heads' features
         for role in ("q", "k", "v"):

@@ -35,6 +35,9 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
     feature_norms norms inside attention over all heads' features of q or k, a (heads * head_dim,) weight (OLMo 2's
                   q_norm / k_norm): under tensor parallelism the weight is split as the projection's output is and the
                   norm's mean of squares is reduced over tp (``runtime.styles.FeatureShardedNorm``)
+    head_params   parameters attention holds itself, one entry per head on their first dim (GPT-OSS's sinks,
+                  (heads,)): under tensor parallelism each rank holds its heads' part (``Shard(0)``), which its forward
+                  reads (``runtime.styles.HeadShardedParams``)
     notes         what the frontend could not use, and why (the report shows them)
 """
 from __future__ import annotations
@@ -87,6 +90,7 @@ class ModelStructure:
     head_norms: tuple[str, ...] = ()  # per-head norms inside attention (Qwen3's q_norm / k_norm): module docstring
     head_norm_dim: int = 0  # the heads' dim of their input (0: none)
     feature_norms: tuple[str, ...] = ()  # norms over a colwise projection's whole output (OLMo 2's q_norm)
+    head_params: tuple[str, ...] = ()  # attention's own per-head parameters (GPT-OSS's sinks): module docstring
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -96,6 +100,7 @@ class ModelStructure:
         object.__setattr__(self, "block_loose", tuple(self.block_loose))
         object.__setattr__(self, "head_norms", tuple(self.head_norms))
         object.__setattr__(self, "feature_norms", tuple(self.feature_norms))
+        object.__setattr__(self, "head_params", tuple(self.head_params))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
@@ -171,7 +176,8 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms", "feature_norms"):
+        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms", "feature_norms",
+                    "head_params"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")

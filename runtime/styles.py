@@ -52,15 +52,45 @@ class FeatureShardedNorm(tp.ParallelStyle):
         return outputs.to_local() if isinstance(outputs, DTensor) else outputs
 
 
+class HeadShardedParams(tp.PrepareModuleInput):
+    """Attention's own per-head parameters (GPT-OSS's sinks, (heads,)) split with its heads: each rank holds its
+    heads' entries (``Shard(0)``, as ``ColwiseParallel`` splits q's rows), and while the attention runs it reads them
+    as a plain local tensor (``to_local``, through which the gradient reaches the sharded parameter whole: each head's
+    entry touches only its own head). Its input is prepared as ``PrepareModuleInput``'s where layouts are given (under
+    sequence parallelism). The parameters are swapped back after the forward, even one that raised."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if self.input_layouts is not None or self.input_kwarg_layouts:
+            super()._apply(module, device_mesh)
+        for key, param in list(module.named_parameters(recurse=False)):
+            sharded = nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)]), requires_grad=param.requires_grad)
+            module.register_parameter(key, sharded)
+        module.register_forward_pre_hook(_local_params)
+        module.register_forward_hook(_sharded_params, always_call=True)
+        return module
+
+
+def _local_params(module: nn.Module, args: tuple) -> None:
+    module._meshplan_sharded = {k: p for k, p in module._parameters.items() if isinstance(p, DTensor)}
+    for key, param in module._meshplan_sharded.items():
+        module._parameters[key] = param.to_local()  # a view the backward maps onto the sharded parameter
+
+
+def _sharded_params(module: nn.Module, args: tuple, output: object) -> None:
+    module._parameters.update(getattr(module, "_meshplan_sharded", {}))
+    module._meshplan_sharded = {}
+
+
 def parallel_style(style: TPStyle) -> tp.ParallelStyle:
     """The ``torch.distributed.tensor.parallel`` style object for ``style`` (codegen's table says which), or
-    meshplan's own (``FeatureShardedNorm``)."""
+    meshplan's own (``FeatureShardedNorm``, ``HeadShardedParams``)."""
     cls_name, kwargs = torch_call(style)
     built = {key: value if isinstance(value, (bool, int))
              else {k: placement(v) for k, v in value.items()} if isinstance(value, dict)
              else tuple(placement(v) for v in value) if isinstance(value, tuple) else placement(value)
              for key, value in kwargs}
-    return (FeatureShardedNorm if cls_name == "FeatureShardedNorm" else getattr(tp, cls_name))(**built)
+    own = {"FeatureShardedNorm": FeatureShardedNorm, "HeadShardedParams": HeadShardedParams}
+    return (own.get(cls_name) or getattr(tp, cls_name))(**built)
 
 
 def torch_op(name: str) -> torch._ops.OpOverload:

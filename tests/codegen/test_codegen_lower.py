@@ -102,6 +102,29 @@ def test_per_head_norms_split_with_their_heads() -> None:
         TPStyle(kind=StyleKind.SEQUENCE_PARALLEL, src="R")
 
 
+def test_attention_s_own_per_head_parameters_and_norms_over_all_heads_are_meshplan_styles() -> None:
+    """GPT-OSS's sinks (``head_params``): the attention module's own style, which also gathers its input under sp;
+    OLMo 2's q/k norms over all heads (``feature_norms``): ``FeatureShardedNorm``. Both are imported from
+    ``meshplan.runtime.styles`` by the emitted script, not from torch."""
+    from meshplan.codegen import torch_call
+    from meshplan.codegen.tp_plans import block_plan
+
+    s = ir.ModelStructure(blocks="layers", num_blocks=2, attn="attn", q="attn.q", k="attn.k", v="attn.v", o="attn.o",
+                          attn_norm="norm1", mlp="mlp", mlp_norm="norm2", attn_kwarg="hidden_states",
+                          head_params=("attn.sinks",), feature_norms=("attn.q_norm",))
+    plain, sp = dict(block_plan(s, sp=False)), dict(block_plan(s, sp=True))
+    assert str(plain["attn"]) == "head_params" and torch_call(plain["attn"]) == ("HeadShardedParams", ())
+    assert str(sp["attn"]) == "head_params(S(1) -> R)"
+    assert torch_call(sp["attn"])[1] == (("input_kwarg_layouts", {"hidden_states": "S(1)"}),
+                                         ("desired_input_kwarg_layouts", {"hidden_states": "R"}))
+    assert torch_call(plain["attn.q_norm"]) == ("FeatureShardedNorm", ())
+    program = lower(plan("llama", tp=2))
+    source = emit_source(dataclasses.replace(program, steps=(program.steps[0], TensorParallel(
+        module="layers.0", plan=tuple(block_plan(s, sp=True))))))
+    assert "from meshplan.runtime.styles import FeatureShardedNorm, HeadShardedParams" in source
+    assert '"attn": HeadShardedParams(input_kwarg_layouts={"hidden_states": Shard(1)}' in source, source
+
+
 def test_moe_under_tp_splits_attention_and_keeps_experts_whole() -> None:
     block = dict(lower(plan("moe", tp=2, sp=True)).steps[2].plan)
     assert not any(path.startswith("mlp.") for path in block)

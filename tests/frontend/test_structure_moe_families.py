@@ -41,7 +41,7 @@ def test_deepseek_v3_dense_layers_experts_and_shared_expert(q_lora_rank):
     assert any("'self_attn.kv_b_proj'" in n and "multi-head latent attention" in n for n in s.notes)
 
 
-def test_gpt_oss_traces_with_sinks_kept_whole():
+def test_gpt_oss_traces_with_sinks_split_with_the_heads():
     g = _traced("GptOssForCausalLM", model_type="gpt_oss", vocab_size=256, hidden_size=72, intermediate_size=48,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
                 num_experts_per_tok=2, sliding_window=8, max_position_embeddings=64,
@@ -49,7 +49,8 @@ def test_gpt_oss_traces_with_sinks_kept_whole():
     s = g.structure
     assert (s.experts, s.router, s.shared_experts, s.dense_blocks) == ("mlp.experts", "mlp.router", "", ())
     assert (s.attn, s.o, s.attn_norm, s.head_dim) == ("self_attn", "self_attn.o_proj", "input_layernorm", 16)
-    assert not s.attn_split and any("['sinks']" in n for n in s.notes)  # heads split would need sinks split
+    # the sinks (heads,) split with the heads over tp (runtime.styles.HeadShardedParams)
+    assert s.attn_split and s.head_params == ("self_attn.sinks",) and not any("sinks" in n for n in s.notes)
     assert (g.dims.experts, g.dims.top_k, g.dims.head_dim, g.dims.hidden) == (4, 2, 16, 72)
     # the experts' biases are found among their parameters, the GLU's clamp read from swiglu_limit (default 7.0)
     assert (g.dims.expert_bias, g.dims.glu_limit) == (True, 7.0)

@@ -51,6 +51,11 @@ HF_QWEN3 = {"kind": "hf", "class": "Qwen3ForCausalLM", "config": user_models.hf_
 HF_OLMO2 = {"kind": "hf", "class": "Olmo2ForCausalLM", "config": user_models.hf_llama_config(
     model_type="olmo2", pad_token_id=0, eos_token_id=1)}
 OLMO2 = "hf olmo2 dp2 x tp2 (q/k norms over all heads)"
+# GPT-OSS: per-head sinks (heads,) held by attention itself: a rank holds its heads' sinks
+# (runtime.styles.HeadShardedParams)
+HF_GPT_OSS = {"kind": "hf", "class": "GptOssForCausalLM", "config": user_models.hf_llama_config(
+    model_type="gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2, pad_token_id=0, eos_token_id=1)}
+GPT_OSS = "hf gpt-oss dp2 x tp2 (per-head sinks)"
 META_APERTUS = "hf apertus dp2 x tp2, built on meta (xIELU slopes)"
 META_BUILT = (META_TIED, META_TIED_PP, META_APERTUS)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
@@ -147,6 +152,9 @@ def plans() -> dict[str, mp.Plan]:
         "hf llama4 pp2 x dp2": _plan(HF_LLAMA4, pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
         "hf qwen3 dp2 x tp2 (q/k norms)": _plan(HF_QWEN3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         OLMO2: _plan(HF_OLMO2, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+        # every sublayer split, whatever the intra-op program chose at this tiny size (it keeps attention whole)
+        GPT_OSS: dataclasses.replace(_plan(HF_GPT_OSS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+                                     param_layouts={}),
         META_APERTUS: _plan(HF_APERTUS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
@@ -207,7 +215,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
                                   "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)",
                                   "hf llama4 pp2 x dp2", META_APERTUS,
-                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2])
+                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2, GPT_OSS])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -247,6 +255,12 @@ def test_olmo2_attention_is_split_with_its_norms_over_all_heads(ranks) -> None:
     steps = ranks[0][OLMO2]["steps"]
     assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
     assert "self_attn.q_norm: feature_norm" in steps and "self_attn.k_norm: feature_norm" in steps
+
+
+def test_gpt_oss_attention_is_split_with_its_sinks(ranks) -> None:
+    steps = ranks[0][GPT_OSS]["steps"]
+    assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
+    assert "self_attn: head_params" in steps, steps
 
 
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
