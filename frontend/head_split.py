@@ -62,7 +62,7 @@ def _attention_shapes(model: nn.Module, s: ModelStructure, split: bool) -> list[
     copy = meta_copy(model)
     block = copy.get_submodule(s.block_path(0))
     if split:
-        for path in (s.q, s.k, s.v):
+        for path in (s.q, s.k, s.v) if s.q else (s.qkv,):  # a grouped fused q/k/v (GPT-NeoX's) by its rows
             block.set_submodule(path, _narrowed(block.get_submodule(path), out=2))
         block.set_submodule(s.o, _narrowed(block.get_submodule(s.o), inp=2))
         for path in s.feature_norms:  # their weights split as the q / k features are (runtime.styles)

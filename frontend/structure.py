@@ -91,7 +91,7 @@ def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[di
         notes.append(f"{container}: blocks {list(dense)} have a plain MLP where the other {len(blocks) - len(dense)} "
                      f"have experts ({roles['experts']}); expert parallelism splits only those, and tensor "
                      "parallelism keeps the plain MLPs whole")
-    attention = ("attn", "q", "k", "v", "qkv", "o", "head_dim", "head_norms", "head_norm_dim",
+    attention = ("attn", "q", "k", "v", "qkv", "qkv_grouped", "o", "head_dim", "head_norms", "head_norm_dim",
                  "feature_norms", "head_params")
     differ = [k for k in firsts if any(found[k][0].get(r) != roles.get(r) for r in attention)]
     if differ:

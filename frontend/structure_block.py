@@ -126,7 +126,12 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
                      "tensor parallelism keeps attention replicated")
     elif len({n.name for n in qkv}) == 1:
         roles["qkv"] = paths[qkv[0].name]
-        notes.append(f"{b.where(roles['qkv'])}: fused q/k/v projection; tensor parallelism keeps attention replicated")
+        if _grouped_qkv(b, qkv[0], roles["head_dim"]):
+            roles["qkv_grouped"] = True
+        else:
+            notes.append(f"{b.where(roles['qkv'])}: fused q/k/v projection whose output is not laid out by heads "
+                         "(q, k and v each whole, side by side, as Phi-3's and MPT's are: a row split would hand a rank "
+                         "all of q and none of v); tensor parallelism keeps attention replicated")
     elif len({n.name for n in qkv}) == 3:
         roles["q"], roles["k"], roles["v"] = (paths[n.name] for n in qkv)
     elif qkv[1] is qkv[2]:
@@ -217,6 +222,32 @@ def _loose_params(b: _Block, sublayer: str, projections: Iterable[str]) -> list[
     prefix = f"{sublayer}." if sublayer else ""
     owners = tuple(f"{p.removeprefix(prefix)}." for p in projections)
     return [name for name, _ in module.named_parameters() if not name.startswith(owners)]
+
+
+def _grouped_qkv(b: _Block, projection: Node, head_dim: int) -> bool:
+    """A fused q/k/v projection whose output (..., width) is read first by a view into (..., groups, per group...)
+    with more than one head's width a group: each head's (or kv group's) q, k and v side by side, as GPT-NeoX's
+    ``view(b, s, -1, 3 * head_dim)`` and Falcon's ``view(b, s, -1, heads_per_kv + 2, head_dim)``, so a split of its
+    rows hands a tp rank whole groups. Not Phi-3's or MPT's (q, k and v cut from the whole width) nor Falcon's
+    multi-query ``view(b, s, heads + 2, head_dim)`` (q's heads, then k, then v). Whether the view takes the group
+    count from the width it gets (``-1``) is the head-split probe's question (``frontend/head_split.py``)."""
+    users = b.flow.users.get(projection.name, [])
+    if head_dim <= 0 or len(users) != 1 or not projection.outputs:
+        return False
+    view = b.flow.by_name.get(users[0])
+    if view is None or view.op != OpKind.VIEW or "view" not in view.target and "reshape" not in view.target:
+        return False
+    whole, out = tuple(projection.outputs[0].shape), tuple(view.outputs[0].shape) if view.outputs else ()
+    lead = len(whole) - 1
+    if len(out) < lead + 2 or out[:lead] != whole[:lead]:
+        return False
+    tail = out[lead + 1:]
+    if not all(getattr(x, "is_Integer", False) for x in (whole[-1], out[lead], *tail)):
+        return False
+    group = 1
+    for x in tail:
+        group *= int(x)
+    return int(out[lead]) * group == int(whole[-1]) and group % head_dim == 0 and group >= 2 * head_dim
 
 
 def _head_norms(b: _Block, attn: str, params: Sequence[str], head_dim: int) -> tuple[tuple[str, ...], int]:

@@ -11,7 +11,10 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
     final_norm    the norm after the last block; ``head`` the output projection, ``tied_head`` when it
                   reads the embedding's table
     attn          the attention module of a block; ``attn_norm`` the norm before it
-    q, k, v, o    the projections (``qkv`` instead of q/k/v when one matmul makes all three)
+    q, k, v, o    the projections (``qkv`` instead of q/k/v when one matmul makes all three; ``qkv_grouped`` when its
+                  output is laid out by heads (or kv groups), each one's q, k and v side by side, as GPT-NeoX's
+                  ``view(b, s, -1, 3 * head_dim)`` reads it: a row split hands each tp rank whole heads, so tensor
+                  parallelism splits it as it splits q, k and v)
     mlp           the MLP (or MoE) module of a block; ``mlp_norm`` the norm before it
     mlp_in        its column-parallel linears (gate and up, or fc1); ``mlp_out`` the row-parallel one
     experts       the routed experts (a MoE), ``router`` the gate that scores them
@@ -67,6 +70,7 @@ class ModelStructure:
     k: str = ""
     v: str = ""
     qkv: str = ""
+    qkv_grouped: bool = False  # qkv's output is per head (or kv group) q, k, v side by side (GPT-NeoX's)
     o: str = ""
     mlp: str = ""
     mlp_norm: str = ""
@@ -133,7 +137,8 @@ class ModelStructure:
     @property
     def attn_split(self) -> bool:
         """Attention has separate q, k, v and o projections that tensor parallelism can split by heads."""
-        return bool(self.q and self.k and self.v and self.o) and not self.attn_whole
+        separate = bool(self.q and self.k and self.v)
+        return bool(self.o) and (separate or bool(self.qkv and self.qkv_grouped)) and not self.attn_whole
 
     @property
     def mlp_split(self) -> bool:
@@ -148,7 +153,8 @@ class ModelStructure:
         cost model prices whole."""
         if self.linear_kind != "linear":
             return {"attn": None, "mlp": None}
-        return {"attn": ((self.q, self.k, self.v), self.o) if self.attn_split else None,
+        cols = (self.q, self.k, self.v) if self.q else (self.qkv,)
+        return {"attn": (cols, self.o) if self.attn_split else None,
                 "mlp": (tuple(self.mlp_in), self.mlp_out) if self.mlp_split else None}
 
     def expert_blocks(self) -> tuple[int, ...]:

@@ -66,6 +66,11 @@ def test_a_model_on_its_own_modules_is_read_at_its_own_paths(make_graph, make_pl
     assert replicated_sublayers(dataclasses.replace(own, param_layouts=lay)) == {"attn"}
     fused = dataclasses.replace(base, structure=_structure(q="", k="", v="", qkv="self_attn.qkv_proj"))
     assert replicated_sublayers(fused) == {"attn"}
+    # one laid out by heads (GPT-NeoX's): split by its rows, priced split
+    grouped = dataclasses.replace(base, structure=_structure(q="", k="", v="", qkv="self_attn.qkv_proj",
+                                                             qkv_grouped=True))
+    assert replicated_sublayers(grouped) == frozenset()
+    assert estimate(graph, cluster, grouped).step_time_s == pytest.approx(estimate(graph, cluster, own).step_time_s)
     conv = dataclasses.replace(base, structure=_structure(linear_kind="conv1d"))
     assert replicated_sublayers(conv) == {"attn", "mlp"}
     moe = dataclasses.replace(base, structure=_structure(mlp_in=[], mlp_out="", experts="mlp.experts",

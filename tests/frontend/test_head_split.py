@@ -53,3 +53,20 @@ def test_olmo2_s_whole_width_q_norm_splits_with_its_projections() -> None:
     assert s.feature_norms == ("self_attn.q_norm", "self_attn.k_norm") and not s.head_norms, s
     assert s.attn_split and not s.attn_whole and s.tp_linears()["attn"] is not None, s.notes
     assert not any("q_norm" in n for n in s.notes), s.notes
+
+
+def test_gpt_neox_s_fused_qkv_by_heads_is_split_and_falcon_s_fixed_head_count_is_not() -> None:
+    """GPT-NeoX's one query_key_value projection is read as view(b, s, -1, 3 * head_dim): each head's q, k and v side
+    by side, so a row split hands a rank whole heads (``ModelStructure.qkv_grouped``) and tp splits it. Falcon's new
+    decoder groups its q, k, v by kv head too, but reshapes by its whole head count later: the probe keeps it whole."""
+    import transformers
+
+    neox = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_hidden_layers=2, max_position_embeddings=64)
+    s = trace(_hf("GPTNeoXForCausalLM", neox.to_dict()), seq_len=32).structure
+    assert s.qkv == "attention.query_key_value" and s.qkv_grouped and s.attn_split and not s.attn_whole, s.notes
+    assert s.tp_linears()["attn"] == (("attention.query_key_value",), "attention.dense")
+    falcon = transformers.FalconConfig(vocab_size=256, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                                       num_hidden_layers=2, new_decoder_architecture=True)
+    f = trace(_hf("FalconForCausalLM", falcon.to_dict()), seq_len=32).structure
+    assert f.qkv_grouped and f.attn_whole and not f.attn_split and f.tp_linears()["attn"] is None

@@ -41,6 +41,9 @@ DECODER = dict(blocks="model.layers", num_blocks=3, embed="model.embed_tokens", 
 DENSE = dict(DECODER, mlp_in=("mlp.gate_proj", "mlp.up_proj"), mlp_out="mlp.down_proj")
 # Qwen3's q_norm / k_norm (head_dim,) on (b, s, heads, head_dim): split with the heads, dim 2 (tp_plans.head_norm)
 QK_NORMS = dict(head_norms=("self_attn.q_norm", "self_attn.k_norm"), head_norm_dim=2)
+UNGROUPED = ("fused q/k/v projection whose output is not laid out by heads (q, k and v each whole, side by side, as "
+             "Phi-3's and MPT's are: a row split would hand a rank all of q and none of v); tensor parallelism keeps "
+             "attention replicated")
 EXPECTED = {
     "llama": DENSE,
     "mistral": DENSE,
@@ -51,8 +54,7 @@ EXPECTED = {
                  final_norm="transformer.ln_f", head="lm_head", tied_head=True, attn="attn", attn_norm="ln_1",
                  qkv="attn.c_attn", o="attn.c_proj", mlp="mlp", mlp_norm="ln_2", mlp_in=("mlp.c_fc",),
                  mlp_out="mlp.c_proj", linear_kind="conv1d", head_dim=16, attn_tuple=True,
-                 notes=("transformer.h.*.attn.c_attn: fused q/k/v projection; tensor parallelism keeps attention "
-                        "replicated",)),
+                 notes=("transformer.h.*.attn.c_attn: " + UNGROUPED,)),
 }
 # (family, layers, hidden, heads, kv_heads, ffn_hidden, vocab, experts, top_k, head_dim)
 HF_DIMS = {
@@ -139,8 +141,7 @@ def test_nanogpt_fused_qkv_and_tied_head():
         blocks="transformer.h", num_blocks=3, embed="transformer.wte", pos_embed="transformer.wpe",
         final_norm="transformer.ln_f", head="lm_head", tied_head=True, attn="attn", attn_norm="ln_1",
         qkv="attn.c_attn", o="attn.c_proj", mlp="mlp", mlp_norm="ln_2", mlp_in=("mlp.c_fc",), mlp_out="mlp.c_proj",
-        head_dim=4, notes=("transformer.h.*.attn.c_attn: fused q/k/v projection; tensor parallelism keeps "
-                           "attention replicated",))
+        head_dim=4, notes=("transformer.h.*.attn.c_attn: " + UNGROUPED,))  # nanoGPT's split(n_embd): q, k, v whole
     assert _dims(graph.dims) == ("gpt", 3, 48, 12, 12, 192, 96, 0, 0, 4)  # kv_heads 12, not 144 / 4 = 36
 
 

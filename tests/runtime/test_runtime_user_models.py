@@ -56,6 +56,12 @@ OLMO2 = "hf olmo2 dp2 x tp2 (q/k norms over all heads)"
 HF_GPT_OSS = {"kind": "hf", "class": "GptOssForCausalLM", "config": user_models.hf_llama_config(
     model_type="gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2, pad_token_id=0, eos_token_id=1)}
 GPT_OSS = "hf gpt-oss dp2 x tp2 (per-head sinks)"
+# GPT-NeoX: one fused query_key_value projection laid out by heads (ModelStructure.qkv_grouped): split by its rows
+HF_NEOX = {"kind": "hf", "class": "GPTNeoXForCausalLM", "config": dict(
+    model_type="gpt_neox", vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+    num_hidden_layers=2, max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, pad_token_id=0,
+    eos_token_id=1, bos_token_id=1)}
+NEOX = "hf gpt-neox dp2 x tp2 sp (fused q/k/v by heads)"
 META_APERTUS = "hf apertus dp2 x tp2, built on meta (xIELU slopes)"
 META_BUILT = (META_TIED, META_TIED_PP, META_APERTUS)
 # Falcon's blocks return (hidden_states, ...) and its model takes [0]: a later stage hands the previous stage's
@@ -155,6 +161,8 @@ def plans() -> dict[str, mp.Plan]:
         # every sublayer split, whatever the intra-op program chose at this tiny size (it keeps attention whole)
         GPT_OSS: dataclasses.replace(_plan(HF_GPT_OSS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
                                      param_layouts={}),
+        NEOX: dataclasses.replace(_plan(HF_NEOX, dp=2, tp=2, zero=0, sp=True, micro_batch=2, num_microbatches=2),
+                                  param_layouts={}),
         META_APERTUS: _plan(HF_APERTUS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         "nanogpt dp2 x tp2 sp": mp.autoparallelize("user_models:nanogpt", "cpu:1x4", global_batch=GLOBAL_BATCH,
                                                    seq_len=SEQ_LEN, model_kwargs=NANOGPT,
@@ -215,7 +223,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
                                   "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)",
                                   "hf llama4 pp2 x dp2", META_APERTUS,
-                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2, GPT_OSS])
+                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2, GPT_OSS, NEOX])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
@@ -261,6 +269,11 @@ def test_gpt_oss_attention_is_split_with_its_sinks(ranks) -> None:
     steps = ranks[0][GPT_OSS]["steps"]
     assert "self_attn.q_proj: colwise" in steps and "self_attn.o_proj: rowwise" in steps, steps
     assert "self_attn: head_params" in steps, steps
+
+
+def test_gpt_neox_fused_qkv_is_split_by_its_rows(ranks) -> None:
+    steps = ranks[0][NEOX]["steps"]
+    assert "attention.query_key_value: colwise" in steps and "attention.dense: rowwise" in steps, steps
 
 
 def test_mixtral_experts_are_split_over_ep(ranks) -> None:
