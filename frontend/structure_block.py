@@ -130,8 +130,8 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
             roles["qkv_grouped"] = True
         else:
             notes.append(f"{b.where(roles['qkv'])}: fused q/k/v projection whose output is not laid out by heads "
-                         "(q, k and v each whole, side by side, as Phi-3's and MPT's are: a row split would hand a rank "
-                         "all of q and none of v); tensor parallelism keeps attention replicated")
+                         "(q, k and v each whole, side by side, as Phi-3's and MPT's are: a row split would hand a "
+                         "rank all of q and none of v); tensor parallelism keeps attention replicated")
     elif len({n.name for n in qkv}) == 3:
         roles["q"], roles["k"], roles["v"] = (paths[n.name] for n in qkv)
     elif qkv[1] is qkv[2]:
