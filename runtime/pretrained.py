@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 
 from .checkpoint import SHOWN, CheckpointError, _global_shapes, _shape, _show_experts_whole
 from .materialize import shared_names
@@ -69,7 +70,51 @@ def check_pretrained(model: Any, path: str | os.PathLike) -> None:
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     for name in tied_names(model, shapes, saved):
         del shapes[name]
+    for name, stored in checkpoint_names(model, shapes, saved, path).items():
+        shapes[stored] = shapes.pop(name)
     check_names_and_shapes(shapes, saved, path)
+
+
+def checkpoint_names(model: Any, names: Collection[str], saved: Collection[str],
+                     path: str | os.PathLike) -> dict[str, str]:
+    """(model name -> checkpoint name) of the model's ``names`` that the checkpoint stores under the name
+    transformers renames at load (its ``conversion_mapping``: GPT-NeoX's ``embed_out`` is the model's ``lm_head``,
+    old checkpoints' ``LayerNorm.gamma`` a ``weight``), each rename applied as transformers applies it
+    (``WeightRenaming.rename_source_key``, in order). A checkpoint transformers would *convert* (experts stored one
+    by one, which it stacks into one fused tensor: Mixtral's, Qwen3-MoE's per-expert layout on the Hub) is refused
+    with ``CheckpointError``: this loader reads each tensor into one parameter. {} for a model that is not a
+    transformers model."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import (WeightRenaming, get_checkpoint_conversion_mapping,
+                                                     get_model_conversion_mapping)
+    except ImportError:  # transformers is optional: a user's own model names its tensors itself
+        return {}
+    model = _unwrapped(model)
+    if not isinstance(model, PreTrainedModel):
+        return {}
+    transforms = get_model_conversion_mapping(model)
+    if isinstance(model, FSDPModule):  # fully_shard made its class FSDP<Name>; transformers looks mappings up by name
+        base = next(c for c in type(model).__mro__ if issubclass(c, PreTrainedModel) and not issubclass(c, FSDPModule))
+        transforms = (get_checkpoint_conversion_mapping(base.__name__) or []) + transforms
+    renames = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    wanted = set(names) - set(saved)
+    out = {}
+    for stored in saved:
+        name = stored
+        for rename in renames:
+            name = rename.rename_source_key(name)[0]
+        if name != stored and name in wanted:
+            out[name] = stored
+        elif stored not in names and (hit := next((c for c in converters if c.rename_source_key(name)[1]), None)):
+            raise CheckpointError(
+                f"the pretrained checkpoint {path} stores {stored!r} in the layout transformers converts at load "
+                f"({type(hit).__name__} {list(hit.source_patterns)} -> {list(hit.target_patterns)}: tensors merged "
+                "into one, as experts stored one by one are stacked); meshplan reads each checkpoint tensor into one "
+                "parameter of the sharded model and does not convert; start from a checkpoint in the model's own "
+                "layout (this package's save_pretrained writes one), or train from scratch")
+    return out
 
 
 def load_pretrained(pm: PlannedModule, path: str | os.PathLike) -> None:
@@ -91,6 +136,8 @@ def load_pretrained_into(module: nn.Module, path: str | os.PathLike) -> None:
     for name, first in tied_names(module, model_sd, saved).items():  # DCP fills in place: model_sd sees it
         tensor = load_sd.pop(name)
         load_sd.setdefault(first, tensor)
+    for name, stored in checkpoint_names(module, load_sd, saved, path).items():  # GPT-NeoX's embed_out
+        load_sd[stored] = load_sd.pop(name)
     check_names_and_shapes(_global_shapes(load_sd), saved, path)
     dcp.load(load_sd, storage_reader=reader)
     model_sd.update(originals)  # the expert parameters themselves, which the views above filled

@@ -217,3 +217,35 @@ def test_the_cli_check_accepts_a_tied_checkpoint_and_names_a_missing_tensor(save
     check_pretrained(meta, saved["tied"])  # no error
     with pytest.raises(CheckpointError, match=r"'lm_head\.weight' \(256, 64\) is not in the checkpoint"):
         check_pretrained(_hf_model(tied=False), saved["tied"])
+
+
+def test_a_checkpoint_under_names_transformers_renames_loads_and_one_it_converts_is_refused(tmp_path) -> None:
+    """transformers renames some checkpoint tensors at load (GPT-NeoX's ``embed_out`` is the model's ``lm_head``)
+    and converts others (Mixtral's experts stored one by one, stacked into one tensor): the loader applies the
+    renames as transformers does (``runtime.pretrained.checkpoint_names``), and names the conversion it does not
+    make instead of a missing tensor."""
+    import transformers
+
+    from meshplan.runtime.checkpoint import CheckpointError
+    from meshplan.runtime.pretrained import check_pretrained, load_pretrained_into
+
+    config = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                        num_hidden_layers=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    saved = transformers.GPTNeoXForCausalLM(config)
+    saved.save_pretrained(tmp_path / "neox")
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "neox" / "model.safetensors"), "pt") as f:
+        assert "embed_out.weight" in f.keys() and "lm_head.weight" not in f.keys()  # what makes this a test
+    fresh = transformers.GPTNeoXForCausalLM(config)
+    check_pretrained(fresh, tmp_path / "neox")
+    load_pretrained_into(fresh, tmp_path / "neox")
+    for (name, a), b in zip(saved.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
+    mixtral.save_pretrained(tmp_path / "mixtral")
+    with pytest.raises(CheckpointError, match=r"block_sparse_moe\.experts\.0\.w1\.weight' in the layout "
+                                              r"transformers converts at load \(WeightConverter"):
+        check_pretrained(mixtral, tmp_path / "mixtral")
