@@ -198,11 +198,12 @@ def _rank_times(summary: ModelSummary, cluster: Cluster, plan: Plan, shape: Laye
                 ranks: tuple[RankLayers, ...], software: Software) -> list[RankTime]:
     """One entry per pipeline rank (ranks with the same layers are timed once)."""
     layer = layer_cost(shape, cluster)
-    if replicated := replicated_sublayers(plan):
+    replicated = replicated_sublayers(plan)
+    if replicated:
         whole = layer_cost(replace(shape, tp=1, sp=False), cluster)
         layer = _with_replicated(layer, whole, sublayer_shares(shape.dims, plan.seq_len), replicated,
                                  shape.software.selective_saves_matmuls)
-    if reductions := norm_reductions(plan):  # a norm's statistics over features tp split (OLMo 2's q_norm)
+    if reductions := norm_reductions(plan, replicated):  # a norm's statistics over features tp split (OLMo 2's q_norm)
         stats = 4.0 * shape.tokens  # one fp32 number a token
         one = collective_time("all-reduce", stats, shape.tp, 1, cluster) + cluster.accelerator.sync_overhead_s
         moved = reductions * bus_bytes("all-reduce", stats, shape.tp)

@@ -73,12 +73,12 @@ def replicated_params(plan: Plan, dims: ModelDims) -> float:
     return sum(sublayer_shares(dims, plan.seq_len)[sub][1] for sub in replicated_sublayers(plan))
 
 
-def norm_reductions(plan: Plan) -> int:
+def norm_reductions(plan: Plan, replicated: frozenset[str]) -> int:
     """All-reduces over tp of one forward (and as many in the backward) that a block's attention adds when tp splits
     it: one per norm over a projection's split output (``ModelStructure.feature_norms``: OLMo 2's q_norm and
     k_norm, whose mean of squares each rank has a part of; ``runtime.styles.FeatureShardedNorm``), 4 bytes a
-    token each. 0 without tp or where attention is kept whole."""
+    token each. 0 without tp or where attention is kept whole (in ``replicated``: ``replicated_sublayers(plan)``)."""
     s = own_structure(plan)
-    if plan.mesh.tp <= 1 or s is None or not s.feature_norms or "attn" in replicated_sublayers(plan):
+    if plan.mesh.tp <= 1 or s is None or not s.feature_norms or "attn" in replicated:
         return 0
     return len(s.feature_norms)

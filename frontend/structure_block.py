@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ..ir import Block, Node, OpKind
 from .blocks import rebase
@@ -38,11 +39,23 @@ class _Block:
     def downstream(self, node: Node) -> set[str]:
         return {n.name for n in self.flow.walk([node.name], self.within, up=False)}
 
+    def path(self, sublayer: str) -> str:
+        """The model path of the module at ``sublayer`` (relative to the block; "" is the block)."""
+        return f"{self.block.name}.{sublayer}" if sublayer else self.block.name
+
     def param_shape(self, sublayer: str, name: str) -> tuple[int, ...]:
         """The shape of parameter ``name`` of the module at ``sublayer`` (relative to the block); () if none."""
-        module = self.flow.modules.get(f"{self.block.name}.{sublayer}" if sublayer else self.block.name)
+        module = self.flow.modules.get(self.path(sublayer))
         param = getattr(module, name, None) if module is not None else None
         return tuple(param.shape) if isinstance(param, torch.Tensor) else ()
+
+    def norm_input(self, path: str) -> tuple | None:
+        """The input shape of the norm module at model ``path`` (its first node's activation); None where the
+        module is not a norm (no reduction among its nodes) or has no such node."""
+        if path not in self.flow.reducing:
+            return None
+        first = next((n for n in self.nodes if n.module_path == path and n.input_metas), None)
+        return tuple(first.input_metas[0].shape) if first is not None else None
 
 
 def block_roles(flow: Flow, block: Block, container: str) -> tuple[dict, list[str]]:
@@ -154,13 +167,11 @@ def _attention(b: _Block, core: _Core, roles: dict, notes: list[str]) -> set[str
     if norms:  # Qwen3's and Gemma 3's q_norm / k_norm: split with the heads, their weights replicated
         roles["head_norms"], roles["head_norm_dim"] = norms, dim
         own = []
-    widths = {int(flow.shapes[w][0]) for n in (qkv[0], qkv[1]) if n is not None and (w := flow.weight(n))
-              and not flow.weight_in_out(n)}
-    if own and (feature := _feature_norms(b, roles["attn"], own, widths)):  # OLMo 2's q_norm / k_norm
+    q_width, k_width = (_out_features(flow, n) for n in qkv[:2])
+    if own and (feature := _feature_norms(b, roles["attn"], own, {q_width, k_width} - {0})):  # OLMo 2's q/k norms
         roles["feature_norms"] = feature
         own = []
-    heads = int(flow.shapes[w][0]) // roles["head_dim"] if roles["head_dim"] and qkv[0] is not None and (
-        w := flow.weight(qkv[0])) and not flow.weight_in_out(qkv[0]) else 0
+    heads = q_width // roles["head_dim"] if roles["head_dim"] else 0
     if own and heads and all("." not in p and b.param_shape(roles["attn"], p)[:1] == (heads,) for p in own):
         roles["head_params"] = tuple(f"{roles['attn']}.{p}" if roles["attn"] else p for p in own)  # GPT-OSS's sinks
         own = []
@@ -216,12 +227,18 @@ def _loose_params(b: _Block, sublayer: str, projections: Iterable[str]) -> list[
     """Parameters of the sublayer module at ``sublayer`` (relative to the block) that none of its ``projections``
     holds: computed on each tp rank's part of the heads or features once the projections are split, so each rank
     would hold a partial sum of their gradients (or a part of a per-head tensor)."""
-    module = b.flow.modules.get(f"{b.block.name}.{sublayer}" if sublayer else b.block.name)
+    module = b.flow.modules.get(b.path(sublayer))
     if module is None:
         return []
     prefix = f"{sublayer}." if sublayer else ""
     owners = tuple(f"{p.removeprefix(prefix)}." for p in projections)
     return [name for name, _ in module.named_parameters() if not name.startswith(owners)]
+
+
+def _out_features(flow: Flow, node: Node | None) -> int:
+    """The output features of a projection with an (out, in) weight; 0 for none (or an (in, out) Conv1D)."""
+    weight = flow.weight(node) if node is not None else None
+    return int(flow.shapes[weight][0]) if weight and not flow.weight_in_out(node) else 0
 
 
 def _grouped_qkv(b: _Block, projection: Node, head_dim: int) -> bool:
@@ -258,24 +275,17 @@ def _head_norms(b: _Block, attn: str, params: Sequence[str], head_dim: int) -> t
     all heads' features (heads * head_dim,), which a split by heads would change."""
     if not params or head_dim <= 0:
         return (), 0
-    prefix = f"{b.block.name}.{attn}." if attn else f"{b.block.name}."
-    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    norms = _norms(b, attn, params)
     dims = set()
-    for rel in modules:
-        path = f"{prefix}{rel}".rstrip(".")
-        module = b.flow.modules.get(path)
-        if (not rel or module is None or path not in b.flow.reducing
-                or any(tuple(p.shape) != (head_dim,) for p in module.parameters())):
-            return (), 0
-        first = next((n for n in b.nodes if n.module_path == path and n.input_metas), None)
-        shape = tuple(first.input_metas[0].shape) if first is not None else ()
+    for module, shape in norms.values():
         fixed = [i for i, size in enumerate(shape[:-1]) if getattr(size, "is_Integer", False)]
-        if len(shape) < 3 or shape[-1] != head_dim or len(fixed) != 1:
+        if (any(tuple(p.shape) != (head_dim,) for p in module.parameters()) or len(shape) < 3
+                or shape[-1] != head_dim or len(fixed) != 1):
             return (), 0
         dims.add(fixed[0])
     if len(dims) != 1:
         return (), 0
-    return tuple(f"{attn}.{rel}" if attn else rel for rel in modules), dims.pop()
+    return tuple(norms), dims.pop()
 
 
 def _feature_norms(b: _Block, attn: str, params: Sequence[str], widths: set[int]) -> tuple[str, ...]:
@@ -283,19 +293,28 @@ def _feature_norms(b: _Block, attn: str, params: Sequence[str], widths: set[int]
     projection's whole output (``widths``: their output features): parameters (width,), input (..., width), as
     OLMo 2's q_norm / k_norm over every head's q / k. Split over tp as the projection's output is, each rank's
     part of the weight meets its part of the features. () when any is not."""
-    prefix = f"{b.block.name}.{attn}." if attn else f"{b.block.name}."
-    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
-    for rel in modules:
-        path = f"{prefix}{rel}".rstrip(".")
-        module = b.flow.modules.get(path)
-        sizes = {tuple(p.shape) for p in module.parameters()} if module is not None else set()
-        if not rel or path not in b.flow.reducing or len(sizes) != 1 or len(width := next(iter(sizes))) != 1:
+    norms = _norms(b, attn, params)
+    for module, shape in norms.values():
+        sizes = {tuple(p.shape) for p in module.parameters()}
+        if len(sizes) != 1 or len(width := next(iter(sizes))) != 1:
             return ()
-        first = next((n for n in b.nodes if n.module_path == path and n.input_metas), None)
-        shape = tuple(first.input_metas[0].shape) if first is not None else ()
         if width[0] not in widths or len(shape) != 3 or shape[-1] != width[0]:
             return ()
-    return tuple(f"{attn}.{rel}" if attn else rel for rel in modules)
+    return tuple(norms)
+
+
+def _norms(b: _Block, attn: str, params: Sequence[str]) -> dict[str, tuple[nn.Module, tuple]]:
+    """Path (relative to the block) -> (module, input shape) of each module holding ``params`` (attention's own,
+    beside its projections, relative to it), when every one is a norm submodule of attention with a traced input;
+    {} when any is not (a parameter attention holds itself, GPT-OSS's sinks)."""
+    out = {}
+    for rel in dict.fromkeys(p.rpartition(".")[0] for p in params):
+        path = b.path(f"{attn}.{rel}" if attn else rel)
+        module, shape = b.flow.modules.get(path), b.norm_input(path)
+        if not rel or module is None or shape is None:
+            return {}
+        out[f"{attn}.{rel}" if attn else rel] = (module, shape)
+    return out
 
 
 def _feature_cut(b: _Block, first: Node, last: Node) -> Node | None:

@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from torch.distributed.tensor import parallel as tp
 
 from ..codegen import TPStyle, torch_call
+from ..codegen.tp_plans import MESHPLAN_STYLES
 from ..ir import parse_placement
 from ..ir import InvalidPlanError
 from ..ir import Replicate as IrReplicate
@@ -36,9 +37,7 @@ class FeatureShardedNorm(tp.ParallelStyle):
 
     @staticmethod
     def _shard_params(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
-        for key, param in list(module.named_parameters(recurse=False)):
-            sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]), requires_grad=param.requires_grad)
-            module.register_parameter(key, sharded)
+        _shard_own_params(module, mesh)
 
     @staticmethod
     def _input(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
@@ -62,12 +61,17 @@ class HeadShardedParams(tp.PrepareModuleInput):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if self.input_layouts is not None or self.input_kwarg_layouts:
             super()._apply(module, device_mesh)
-        for key, param in list(module.named_parameters(recurse=False)):
-            sharded = nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)]), requires_grad=param.requires_grad)
-            module.register_parameter(key, sharded)
+        _shard_own_params(module, device_mesh)
         module.register_forward_pre_hook(_local_params)
         module.register_forward_hook(_sharded_params, always_call=True)
         return module
+
+
+def _shard_own_params(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Each parameter ``module`` holds itself (not its submodules') as a ``Shard(0)`` DTensor over ``mesh``."""
+    for key, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]),
+                                                    requires_grad=param.requires_grad))
 
 
 def _local_params(module: nn.Module, args: tuple) -> None:
@@ -89,8 +93,11 @@ def parallel_style(style: TPStyle) -> tp.ParallelStyle:
              else {k: placement(v) for k, v in value.items()} if isinstance(value, dict)
              else tuple(placement(v) for v in value) if isinstance(value, tuple) else placement(value)
              for key, value in kwargs}
-    own = {"FeatureShardedNorm": FeatureShardedNorm, "HeadShardedParams": HeadShardedParams}
-    return (own.get(cls_name) or getattr(tp, cls_name))(**built)
+    return (_OWN_STYLES.get(cls_name) or getattr(tp, cls_name))(**built)
+
+
+# the styles codegen names as meshplan's own (MESHPLAN_STYLES), which an emitted script imports from this module
+_OWN_STYLES = {name: globals()[name] for name in MESHPLAN_STYLES}
 
 
 def torch_op(name: str) -> torch._ops.OpOverload:

@@ -96,9 +96,9 @@ def test_norms_over_split_features_add_one_small_all_reduce_each(make_graph, mak
     base = make_plan(cfg, cluster, global_batch=8, seq_len=2048, tp=4, dp=2)
     plain = dataclasses.replace(base, structure=_structure())
     normed = dataclasses.replace(base, structure=_structure(feature_norms=["self_attn.q_norm", "self_attn.k_norm"]))
-    assert norm_reductions(plain) == 0 and norm_reductions(normed) == 2
-    assert norm_reductions(dataclasses.replace(normed, structure=_structure(
-        q="", k="", v="", feature_norms=["self_attn.q_norm"]))) == 0  # attention whole: nothing split
+    assert norm_reductions(plain, frozenset()) == 0 and norm_reductions(normed, replicated_sublayers(normed)) == 2
+    whole = dataclasses.replace(normed, structure=_structure(q="", k="", v="", feature_norms=["self_attn.q_norm"]))
+    assert norm_reductions(whole, replicated_sublayers(whole)) == 0  # attention whole: nothing split
     a, b = estimate(graph, cluster, plain), estimate(graph, cluster, normed)
     one = collective_time("all-reduce", 4.0 * base.micro_batch_size * base.seq_len, 4, 1, cluster)
     per_step = 2 * 2 * one * cfg.layers * base.num_microbatches  # 2 norms, forward and backward, every layer
