@@ -2,7 +2,8 @@
 and on four (pinned, e.g. dp 2 x tp 2), the losses of the first steps side by side. A program that trains another
 model than the user's shows as different losses at step 1; one that cannot run, as its error.
 
-    python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--steps 2] [--seq-len 32] [--layers 2] [--only llama opt ...]
+    python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--run-args=--compile] [--steps 2] [--seq-len 32] [--layers 2]
+                              [--only llama opt ...]
 
 Each config is tiny (hidden 64, 4 heads and 2 KV heads, 2 layers, vocabulary 256) with dropout off (each rank
 draws its own dropout masks, so a run with dropout cannot match one process). Prints one row per architecture:
@@ -108,7 +109,8 @@ def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: int = 32) -> str:
+def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: int = 32,
+                 run_args: list[str] = ()) -> str:
     """'pp1 tp2 cp1 sp0 z2  5.568831 5.584849', or where it stopped and the last line of its error."""
     plan = model / f"plan{nproc}.json"
     done = _cli("plan", "-q", "--model", f"hf:{model}", "--cluster", f"cpu:1x{nproc}", "--global-batch", "8",
@@ -118,7 +120,7 @@ def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: 
     p = json.loads(plan.read_text())
     mesh = p["mesh"]
     what = f"pp{mesh['pp']} tp{mesh['tp']} cp{mesh['cp']} sp{int(p['sequence_parallel'])} z{p['zero_stage']}"
-    done = _cli("run", str(plan), "--nproc", str(nproc), "--steps", str(steps), "-q")
+    done = _cli("run", str(plan), "--nproc", str(nproc), "--steps", str(steps), "-q", *run_args)
     losses = [line.split()[-1] for line in done.stdout.splitlines() if line.startswith("step ")]
     if done.returncode or len(losses) != steps:
         errors = [line for line in (done.stderr + done.stdout).splitlines() if "Error" in line] or ["?"]
@@ -133,14 +135,18 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32, help="tokens a sequence (context parallelism keeps at "
                         "least 1,024 a rank: --seq-len 2048 with --cp 2)")
     parser.add_argument("--layers", type=int, default=2, help="blocks (4 for --pp 2 --vp 2)")
+    parser.add_argument("--run-args", default="", help="meshplan run flags for the 4-process run only, e.g. "
+                        "'--compile' (the one-process run stays eager)")
     parser.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES), help="these architectures only")
     args = parser.parse_args()
-    print(f"{'architecture':24s} {'one process':28s} four processes ({args.pins})")
+    flags = " ".join(part for part in (args.pins, args.run_args) if part)
+    print(f"{'architecture':24s} {'one process':28s} four processes ({flags})")
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.only or ARCHITECTURES:
             model = write_config(model_type, Path(tmp), args.seq_len, args.layers)
             one = plan_and_run(model, 1, [], args.steps, args.seq_len)
-            four = plan_and_run(model, 4, shlex.split(args.pins), args.steps, args.seq_len)
+            four = plan_and_run(model, 4, shlex.split(args.pins), args.steps, args.seq_len,
+                                shlex.split(args.run_args))
             print(f"{ARCHITECTURES[model_type][0]:24s} {one:28s} {four}", flush=True)
 
 

@@ -19,12 +19,15 @@ calls ``clip_grad_norm_(model, max_norm, pp_group)`` itself before ``optimizer.s
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 from ..ir import PlanError
@@ -99,15 +102,48 @@ def install_clipping(pm, max_norm: float) -> None:
 
 
 def compile_blocks(model: nn.Module, blocks: str) -> int:
-    """``torch.compile`` each block under the container at module path ``blocks`` in place
-    (``nn.Module.compile``: names and parameters unchanged, so sharding and checkpoints see the same
-    model); returns how many. Before sharding, as torchtitan does."""
+    """``torch.compile`` the forward of each block under the container at module path ``blocks``, in place
+    (names, parameters and hooks unchanged, so sharding and checkpoints see the same model); returns how
+    many. Before sharding, as torchtitan does; the hooks sharding adds run eagerly around the compiled
+    forward.
+
+    An input that a collective still fills (``AsyncCollectiveTensor``: the output of an embedding that
+    tensor parallelism shards, which torch's styles redistribute with ``async_op=True``) is waited for
+    before it enters the compiled graph: a compiled region takes it as its input, but its backward does
+    not return the gradient to the redistribution that made it (on torch 2.13 the embedding's gradient
+    is lost under dp x tp, or the backward fails under tp alone with "'Tensor' object has no attribute
+    '_local_tensor'"; pytorch/pytorch#118671 syncs such tensors at graph boundaries for the same reason)."""
     container = model.get_submodule(blocks) if blocks else None
     if container is None or not list(container.children()):
         raise PlanError(f"--compile compiles each block of the model's block container {blocks!r}, but the model "
                         "has none there; omit --compile for this model")
     count = 0
     for block in container.children():
-        block.compile()
+        block.forward = _waiting(torch.compile(block.forward))
         count += 1
     return count
+
+
+class _Wait(torch.autograd.Function):
+    """An ``AsyncCollectiveTensor``'s finished value as a plain tensor; the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx: Any, x: AsyncCollectiveTensor) -> torch.Tensor:  # noqa: ARG004 - autograd's signature
+        return x.trigger_wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return grad
+
+
+def _waited(value: Any) -> Any:
+    return _Wait.apply(value) if isinstance(value, AsyncCollectiveTensor) else value
+
+
+def _waiting(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` called with every pending collective among its arguments finished (``_Wait``)."""
+    @functools.wraps(compiled)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return compiled(*map(_waited, args), **{k: _waited(v) for k, v in kwargs.items()})
+
+    return forward

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan import ir, zoo
 from meshplan.runtime import apply
+from meshplan.runtime.clip import compile_blocks
 from meshplan.runtime.train import synthetic_batch
 from parity_support import GLOBAL_BATCH, SEED, SEQ_LEN, STEPS, make_plan, optimizer
 
@@ -83,12 +84,14 @@ def _logits(pm, vocab: int) -> dict[str, Any]:
 
 
 def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path) -> None:
-    """``payload``: {"cases": [{name, model, plan: make_plan kwargs, mode}], "errors": bool}."""
+    """``payload``: {"cases": [{name, model, plan: make_plan kwargs, mode, compile}], "errors": bool}."""
     results = {}
     for case in payload["cases"]:
         plan = make_plan(case["model"], **case["plan"])
         torch.manual_seed(SEED)
         model = zoo.build(case["model"])
+        if case.get("compile"):  # --compile: each block's forward compiled before sharding
+            compile_blocks(model, "layers")
         mesh = _own_mesh(plan) if case.get("own_mesh") else None
         loss_fn = _plain_logits_loss(model.config.vocab) if case.get("loss") == "user" else None
         pm = apply(plan, model, optimizer=optimizer, mesh=mesh, loss_fn=loss_fn)
