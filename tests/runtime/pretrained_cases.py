@@ -3,7 +3,8 @@
 HF Llama cases: build the plan's model from other initial weights, shard it, ``load_pretrained`` the
 checkpoint transformers saved, write it back with ``save_pretrained`` (before any step), then take
 one step and report its loss and the clipped gradient norm. Zoo cases: save under one plan, load under
-another (pp2 x dp2, ep2), report the full parameters. A checkpoint of another
+another (pp2 x dp2, ep2), report the full parameters. MoE cases: a Mixtral checkpoint with its experts stored one
+by one, loaded under ep and pp: the loaded parameters and the first loss. A checkpoint of another
 size is refused on every rank, naming the first parameter."""
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         params = pm.full_parameters()
         results[case["name"]] = {**result, "before": before if rank == 0 else None,
                                  "loaded": loaded if rank == 0 else None, "params": params if rank == 0 else None}
+    for case in payload.get("moe", []):  # experts stored one by one: assembled at load
+        plan = ir.Plan.from_json(case["plan"])
+        torch.manual_seed(OTHER_SEED)
+        pm = apply(plan, build(plan.source), optimizer=optimizer)
+        pm.load_pretrained(case["checkpoint"])
+        loaded = pm.full_parameters()
+        results[case["name"]] = {**_step(pm, case, plan.model["vocab"]), "loaded": loaded if rank == 0 else None}
     plan = ir.Plan.from_json(payload["hf"][0]["plan"])
     torch.manual_seed(OTHER_SEED)
     pm = apply(plan, build(plan.source), optimizer=optimizer)

@@ -23,7 +23,7 @@ import torch
 
 pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
 
 import meshplan as mp  # noqa: E402
 import user_models  # noqa: E402
@@ -50,6 +50,15 @@ HF_CASES = {"dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatche
             "tied dp2 x tp2": dict(dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
             "tied pp2 x dp2": dict(pp=2, dp=2, tp=1, zero=2, micro_batch=2, num_microbatches=2)}
 HF_TIED = {"kind": "hf", "class": "LlamaForCausalLM", "config": user_models.hf_llama_config(tie_word_embeddings=True)}
+# a Mixtral as the Hub stores one: each expert's w1, w2, w3 apart, which transformers stacks at load (12 experts: the
+# order is numeric, 10 after 9, not after 1), in several files
+HF_MIXTRAL = {"kind": "hf", "class": "MixtralForCausalLM",
+              "config": dict(model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=12, num_experts_per_tok=2,
+                             max_position_embeddings=64)}
+MOE_CASES = {"mixtral ep2 x dp4 zero3": dict(dp=4, ep=2, tp=1, zero=3, micro_batch=2, num_microbatches=1),
+             # each stage assembles its own layer's experts, and of those its ep rank's
+             "mixtral pp2 x dp2 ep2": dict(pp=2, dp=2, ep=2, tp=1, zero=0, micro_batch=2, num_microbatches=2)}
 ZOO_CASES = {"gpt zero3 dp4 -> pp2 x dp2": ("gpt-tiny", dict(dp=4, zero=3), dict(pp=2, dp=2, nmb=2)),
              "moe zero3 dp4 -> ep2 x dp4 zero3": ("moe-tiny", dict(dp=4, zero=3), dict(dp=4, ep=2, zero=3)),
              # each stage reads its own layers' experts, and of those its ep rank's slice
@@ -73,6 +82,12 @@ def _hf_plan(tied: bool = False, **fixed) -> mp.Plan:
                               fixed={**PINS, **fixed})
 
 
+@functools.cache
+def _mixtral() -> torch.nn.Module:
+    with torch.device("meta"):
+        return build(HF_MIXTRAL)
+
+
 def _zoo_plan(model: str, mesh: dict) -> str:
     return dataclasses.replace(plan_for(model, **mesh), cluster="cpu:1x4").to_json()
 
@@ -88,7 +103,10 @@ def saved(tmp_path_factory) -> dict:
     tied = LlamaForCausalLM(LlamaConfig(**HF_TIED["config"]))
     tied.save_pretrained(tmp / "tied")
     assert "lm_head.weight" not in saved_shapes(tmp / "tied")  # transformers writes a tied weight once
-    return {"dir": tmp / "llama", "other": tmp / "other", "tied": tmp / "tied",
+    MixtralForCausalLM(MixtralConfig(**HF_MIXTRAL["config"])).save_pretrained(tmp / "mixtral", max_shard_size="300KB")
+    stored = saved_shapes(tmp / "mixtral")  # what makes the Mixtral cases tests: experts one by one, several files
+    assert "model.layers.1.block_sparse_moe.experts.11.w3.weight" in stored and len(list((tmp / "mixtral").glob("*.safetensors"))) > 1
+    return {"dir": tmp / "llama", "other": tmp / "other", "tied": tmp / "tied", "mixtral": tmp / "mixtral",
             "tensors": {k: v.clone() for k, v in model.state_dict().items()},
             "tied tensors": {k: v.clone() for k, v in tied.state_dict().items()}}
 
@@ -100,8 +118,11 @@ def ranks(saved, tmp_path_factory) -> list[dict]:
           for name, fixed in HF_CASES.items() for clip in (False, True)]
     zoo_cases = [{"name": name, "model": model, "save_plan": _zoo_plan(model, save), "load_plan": _zoo_plan(model, load),
                   "clip": True} for name, (model, save, load) in ZOO_CASES.items()]
+    moe = [{"name": name, "checkpoint": str(saved["mixtral"]),
+            "plan": mp.autoparallelize(_mixtral(), "cpu:1x4", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
+                                       fixed={**PINS, **fixed}).to_json()} for name, fixed in MOE_CASES.items()]
     tmp = tmp_path_factory.mktemp("pretrained4")
-    run_ranks(4, "pretrained_cases:run_cases", {"hf": hf, "zoo": zoo_cases, "checkpoint": str(saved["dir"]),
+    run_ranks(4, "pretrained_cases:run_cases", {"hf": hf, "zoo": zoo_cases, "moe": moe, "checkpoint": str(saved["dir"]),
                                                  "other": str(saved["other"])}, tmp, timeout_s=600)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(4)]
 
@@ -142,6 +163,18 @@ def test_a_transformers_checkpoint_loads_sharded_and_gives_transformers_loss(sav
     fresh = build(HF_TIED if _tied(name) else HF_LLAMA)
     x, y = synthetic_batch(fresh.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
     assert token_cross_entropy(fresh(input_ids=x, use_cache=False).logits, y).item() != pytest.approx(ref_loss, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", list(MOE_CASES))
+def test_experts_stored_one_by_one_are_assembled_as_transformers_stacks_them(saved, ranks, name) -> None:
+    """Each rank reads its experts' slices of the per-expert tensors and stacks them as transformers does
+    (``runtime.pretrained.Stacked``): the loaded parameters equal ``from_pretrained``'s, and so does the loss."""
+    want = MixtralForCausalLM.from_pretrained(saved["mixtral"], torch_dtype=torch.float32)
+    got = [r[name] for r in ranks]
+    _assert_params(got[0]["loaded"], dict(want.named_parameters()), atol=0)
+    x, y = synthetic_batch(want.config.vocab_size, GLOBAL_BATCH, SEQ_LEN, SEED, 1)
+    ref_loss = token_cross_entropy(want(input_ids=x, use_cache=False).logits, y).item()
+    assert all(g["loss"] == pytest.approx(ref_loss, abs=1e-4) for g in got)
 
 
 @pytest.mark.parametrize("name", list(HF_CASES))
@@ -219,11 +252,11 @@ def test_the_cli_check_accepts_a_tied_checkpoint_and_names_a_missing_tensor(save
         check_pretrained(_hf_model(tied=False), saved["tied"])
 
 
-def test_a_checkpoint_under_names_transformers_renames_loads_and_one_it_converts_is_refused(tmp_path) -> None:
+def test_a_checkpoint_transformers_renames_or_stacks_at_load_loads_as_transformers_loads_it(tmp_path) -> None:
     """transformers renames some checkpoint tensors at load (GPT-NeoX's ``embed_out`` is the model's ``lm_head``)
-    and converts others (Mixtral's experts stored one by one, stacked into one tensor): the loader applies the
-    renames as transformers does (``runtime.pretrained.checkpoint_names``), and names the conversion it does not
-    make instead of a missing tensor."""
+    and stacks others (Mixtral's and Qwen3-MoE's experts stored one by one, into one tensor of all experts, gate
+    and up concatenated): the loader does both as transformers does (``runtime.pretrained.checkpoint_layout``), and
+    a checkpoint that lacks an expert is refused naming what is missing."""
     import transformers
 
     from meshplan.runtime.checkpoint import CheckpointError
@@ -242,10 +275,34 @@ def test_a_checkpoint_under_names_transformers_renames_loads_and_one_it_converts
     load_pretrained_into(fresh, tmp_path / "neox")
     for (name, a), b in zip(saved.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
-    mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
-    mixtral.save_pretrained(tmp_path / "mixtral")
-    with pytest.raises(CheckpointError, match=r"block_sparse_moe\.experts\.0\.w1\.weight' in the layout "
-                                              r"transformers converts at load \(WeightConverter"):
-        check_pretrained(mixtral, tmp_path / "mixtral")
+    models = {}
+    for name, config in [("mixtral", transformers.MixtralConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)),
+                         ("qwen3_moe", transformers.Qwen3MoeConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=64))]:
+        cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
+        cls(config).save_pretrained(tmp_path / name)
+        with safe_open(str(tmp_path / name / "model.safetensors"), "pt") as f:
+            assert any(".experts.3." in key for key in f.keys())  # one by one, as the Hub stores them
+        want = cls.from_pretrained(tmp_path / name, torch_dtype=torch.float32)
+        fresh = models[name] = cls(config)
+        check_pretrained(fresh, tmp_path / name)
+        load_pretrained_into(fresh, tmp_path / name)
+        for (key, a), b in zip(want.state_dict().items(), fresh.state_dict().values()):
+            assert torch.equal(a, b), f"{name} {key}"
+    smaller = transformers.MixtralForCausalLM(dataclasses.replace(models["mixtral"].config, intermediate_size=64))
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.mlp\.experts\.gate_up_proj' \(4, 128, 64\) is "
+                                              r"assembled from 'model\.layers\.0\.block_sparse_moe\.experts\.0\.w1\."
+                                              r"weight' and the rest of its experts \(4, 192, 64\)"):
+        check_pretrained(smaller, tmp_path / "mixtral")
+    from safetensors.torch import save_file
+    tensors = load_file(tmp_path / "mixtral" / "model.safetensors")
+    del tensors["model.layers.0.block_sparse_moe.experts.2.w3.weight"]
+    save_file(tensors, tmp_path / "mixtral" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"stores the experts of 'model\.layers\.0\.mlp\.experts\.gate_up_proj' "
+                                              r"one by one but not each of 0\.\.E-1 for every part \(\[\[0, 1, 2, 3\], "
+                                              r"\[0, 1, 3\]\]\)"):
+        check_pretrained(models["mixtral"], tmp_path / "mixtral")
