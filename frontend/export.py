@@ -14,9 +14,11 @@ import copy
 import io
 import linecache
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -36,6 +38,34 @@ class Exported:
     leaves: Mapping[str, Leaf]  # module path -> the leaf standing for it
     model: nn.Module  # the meta copy that was traced
     sequence: bool = True  # dim 1 of the first input is the sequence
+    # (input size torch fixed, e.g. "L['input_ids'].size()[1]") -> the model's line that fixed it
+    specialized: Mapping[str, str] = field(default_factory=dict)
+
+
+# frames that are not the model's: torch, this tracing frontend, the standard library (not its site-packages)
+_NOT_MODEL = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+class _Specializations(logging.Handler):
+    """Where the traced code fixed a dynamic size to a constant. With ``print_specializations`` on, torch's shape
+    environment logs "Specializing <size> to <n>" from inside the trace, so the Python stack at that moment holds
+    the model's line that did it (Jamba's ``for index in range(seq_len)``): the deepest frame outside torch, this
+    frontend and the standard library."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.found: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg != "Specializing %s to %s" or not record.args:
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.startswith(_NOT_MODEL)
+                  and not (f.filename.startswith(_STDLIB) and "site-packages" not in f.filename)]
+        if frames:
+            f = frames[-1]
+            code = f" `{f.line.strip()[:120]}`" if f.line else ""
+            self.found.setdefault(str(record.args[0]), f"{f.filename.rsplit(os.sep, 1)[-1]}:{f.lineno}{code}")
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -123,20 +153,29 @@ def _unsupported(err: Exception, path: str, module: nn.Module, inputs: Inputs) -
         f"trace(model, leaf_rules={{{cls!r}: LeafRule(op=..., cost=...)}}).")
 
 
-def _export_once(model: nn.Module, inputs: Inputs) -> ExportedProgram:
+def _export_once(model: nn.Module, inputs: Inputs) -> tuple[ExportedProgram, dict[str, str]]:
+    """The exported program, and where the model's code fixed an input size (``_Specializations``)."""
+    from torch.fx.experimental import _config as shapes_config
+
     config = getattr(model, "config", None)
     saved = [(name, getattr(config, name, None)) for name, _ in inputs.config]
+    logger, spotted = logging.getLogger(_NOISY_LOGGERS[0]), _Specializations()
+    handlers, propagate = logger.handlers, logger.propagate
     try:
         for name, value in inputs.config:
             setattr(config, name, value)
-        with _quiet() as held:
+        with _quiet() as held, shapes_config.patch(print_specializations=True):
+            # the specializations, to this handler alone (torch's own writes to the stderr it started with)
+            logger.handlers, logger.propagate = [spotted], False
+            logger.setLevel(logging.WARNING)  # _quiet held back everything; restores the level
             program = torch.export.export(model, inputs.args, dict(inputs.kwargs), dynamic_shapes=inputs.dynamic,
                                           strict=False)
     finally:
+        logger.handlers, logger.propagate = handlers, propagate
         for name, value in saved:
             setattr(config, name, value)
     sys.stderr.write(held.getvalue())
-    return program
+    return program, spotted.found
 
 
 def export_meta(model: nn.Module, *, inputs: Inputs, rules: Mapping[str, LeafRule], probe: str = "",
@@ -155,7 +194,9 @@ def _export_with_leaves(copied: nn.Module, inputs: Inputs, rules: Mapping[str, L
     while True:
         leaves = patch_leaves(copied, leaf_classes, rules)
         try:
-            return Exported(program=_export_once(copied, inputs), leaves=leaves, model=copied, sequence=inputs.sequence)
+            program, specialized = _export_once(copied, inputs)
+            return Exported(program=program, leaves=leaves, model=copied, sequence=inputs.sequence,
+                            specialized=specialized)
         except Exception as err:  # noqa: BLE001 - every failure becomes an UnsupportedModelError
             stack = _module_stack(err, paths) or [""]
             ruled = [rule_of(modules[p], rules) for p in reversed(stack) if p]

@@ -212,7 +212,7 @@ def lower(exported: Exported, scopes: frozenset[str]) -> Lowered:
     graph = exported.program.graph
     user = [n for n in graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
             and n.name in exported.program.graph_signature.user_inputs]
-    symbols = SymbolMap.from_tokens(user[0].meta["val"], exported.sequence)
+    symbols = SymbolMap.from_tokens(user[0].meta["val"], exported.sequence, exported.specialized)
     state = _Lowering(exported=exported, symbols=symbols, scopes=scopes,
                       canonical=canonical_params(exported.model))
     for node in graph.nodes:

@@ -8,6 +8,7 @@ dtypes into the names of ``ir.DTYPE_BYTES``.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy
@@ -63,17 +64,23 @@ class SymbolMap:
     _cache: dict = field(default_factory=dict)
 
     @classmethod
-    def from_tokens(cls, tokens: torch.Tensor, sequence: bool = True) -> "SymbolMap":
+    def from_tokens(cls, tokens: torch.Tensor, sequence: bool = True,
+                    specialized: Mapping[str, str] | None = None) -> "SymbolMap":
         """tokens: the first fake input export saw, (b, s, ...) token ids or (b, ...) for a model whose
-        input has no sequence (``sequence=False``)."""
+        input has no sequence (``sequence=False``). ``specialized``: (input size, e.g. "L['input_ids'].size()[1]")
+        -> the model's line that fixed it (``export.Exported.specialized``), named in the error."""
         symbols = {}
         named = (BATCH, SEQ) if sequence else (BATCH,)
-        for size, ir_symbol, what in zip(tokens.shape, named, ("batch", "sequence")):
+        for dim, (size, ir_symbol, what) in enumerate(zip(tokens.shape, named, ("batch", "sequence"))):
             expr = size.node.expr if isinstance(size, torch.SymInt) else None
             if not isinstance(expr, sympy.Symbol):
+                line = next((at for name, at in (specialized or {}).items() if name.endswith(f".size()[{dim}]")), None)
+                where = (f" at {line}" if line else " (e.g. a hard-coded view, a check on the input's shape or a "
+                         "Python loop over it)")
                 raise UnsupportedModelError(
-                    f"the model's forward fixes the {what} size to {size} (e.g. a hard-coded view or a "
-                    f"check on the input's shape); meshplan needs shapes that hold for every {what} size")
+                    f"the model's forward fixes the {what} size to {size}{where}; meshplan needs shapes that hold "
+                    f"for every {what} size: rewrite that code without the fixed size, or keep the module that holds "
+                    "it whole with a leaf rule (trace(model, leaf_rules={...}))")
             symbols[expr] = ir_symbol
         return cls(torch_to_ir=symbols)
 

@@ -81,9 +81,32 @@ class FixedBatch(nn.Module):
         return self.emb(tokens).view(2, tokens.shape[1], 8)  # only right for a batch of 2
 
 
+class LoopOverSequence(nn.Module):
+    """A Python loop over the positions (Jamba's slow Mamba scan): torch fixes the sequence size while tracing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        return torch.stack([x[:, i] for i in range(x.shape[1])], dim=1)
+
+
 def test_a_forward_that_fixes_the_batch_size_is_refused():
     with pytest.raises(ir.UnsupportedModelError, match="fixes the batch size"):
         trace(FixedBatch(), batch=2)
+
+
+def test_a_forward_that_fixes_the_sequence_size_is_refused_naming_its_line():
+    """Not only that the size is fixed, but where: the model's own line, from the trace's stack when torch fixed it."""
+    with pytest.raises(ir.UnsupportedModelError, match=r"fixes the sequence size to \d+ at test_untraceable\.py:\d+ "
+                                                        r"`return torch\.stack\(\[x\[:, i\] for i in range"):
+        trace(LoopOverSequence())
+    import logging
+
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    assert not any(type(h).__name__ == "_Specializations" for h in logger.handlers)  # torch's handlers are back
 
 
 def test_a_model_without_config_or_attention_still_traces_and_says_what_it_lacks():
