@@ -101,11 +101,12 @@ def install_clipping(pm, max_norm: float) -> None:
     pm.optimizer.register_step_pre_hook(clip)
 
 
-def compile_blocks(model: nn.Module, blocks: str) -> int:
+def compile_blocks(model: nn.Module, blocks: str, backend: str = "inductor") -> int:
     """``torch.compile`` the forward of each block under the container at module path ``blocks``, in place
     (names, parameters and hooks unchanged, so sharding and checkpoints see the same model); returns how
     many. Before sharding, as torchtitan does; the hooks sharding adds run eagerly around the compiled
-    forward.
+    forward. ``backend``: torch.compile's (the tests take "aot_eager": the same graphs and autograd, without
+    generating kernels).
 
     An input that a collective still fills (``AsyncCollectiveTensor``: the output of an embedding that
     tensor parallelism shards, which torch's styles redistribute with ``async_op=True``) is waited for
@@ -119,7 +120,7 @@ def compile_blocks(model: nn.Module, blocks: str) -> int:
                         "has none there; omit --compile for this model")
     count = 0
     for block in container.children():
-        block.forward = _waiting(torch.compile(block.forward))
+        block.forward = _waiting(torch.compile(block.forward, backend=backend))
         count += 1
     return count
 

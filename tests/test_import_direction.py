@@ -10,14 +10,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> meshplan packages and third-party modules it may import (stdlib always allowed).
 # zoo also takes ir for the one error family (UnknownModelError is a PlanError). The runtime imports
-# transformers only to rebuild a plan's Hugging Face model from its source (runtime/source.py, lazily).
+# transformers only to rebuild a plan's Hugging Face model from its source (runtime/source.py, lazily), and
+# safetensors (transformers' own dependency, which torch's HuggingFaceStorageReader reads with too) to read experts
+# stored one by one from a Hugging Face checkpoint (runtime/pretrained.py, lazily).
 ALLOWED = {
     "ir": ({"ir"}, {"sympy", "pydantic", "pydantic_core"}),
     "frontend": ({"ir", "frontend"}, {"torch", "sympy"}),
     "cost_model": ({"ir", "cost_model"}, set()),
     "solver": ({"ir", "cost_model", "solver"}, {"ortools", "networkx", "sympy"}),
     "codegen": ({"ir", "codegen"}, {"triton", "sympy"}),
-    "runtime": ({"ir", "codegen", "runtime"}, {"torch", "transformers"}),
+    "runtime": ({"ir", "codegen", "runtime"}, {"torch", "transformers", "safetensors"}),
     "zoo": ({"zoo", "ir"}, {"torch"}),
     "export": ({"ir", "export"}, set()),
 }

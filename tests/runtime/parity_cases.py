@@ -90,8 +90,8 @@ def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path)
         plan = make_plan(case["model"], **case["plan"])
         torch.manual_seed(SEED)
         model = zoo.build(case["model"])
-        if case.get("compile"):  # --compile: each block's forward compiled before sharding
-            compile_blocks(model, "layers")
+        if case.get("compile"):  # --compile: each block's forward compiled before sharding (graphs, no kernels)
+            compile_blocks(model, "layers", backend="aot_eager")
         mesh = _own_mesh(plan) if case.get("own_mesh") else None
         loss_fn = _plain_logits_loss(model.config.vocab) if case.get("loss") == "user" else None
         pm = apply(plan, model, optimizer=optimizer, mesh=mesh, loss_fn=loss_fn)
