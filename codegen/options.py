@@ -10,12 +10,14 @@ each block compiled in place before sharding (names unchanged), each rank readin
 the checkpoint. A flag the plan's model cannot take is still accepted, then refused in one line before
 any process group starts (exit status 2, as ``meshplan run``): --init-from for a model transformers
 does not build (the checkpoint is matched by the model's own parameter names, which are a Hugging Face
-checkpoint's only for a transformers model), --compile for a model without a block container.
+checkpoint's only for a transformers model), --compile for a model without a block container or a program
+torch cannot compile (``compile_refusal``).
 """
 from __future__ import annotations
 
+from ..ir import Schedule
 from . import model_source, safe
-from .program import Program
+from .program import Policy, Program, Recompute, SplitPipeline, TensorParallel
 
 INDENT = "    "
 
@@ -30,6 +32,30 @@ ARGS = [
 # after materialization: the sharded model's own state dict is the load plan
 INIT_FROM = ["if args.init_from is not None:  # each rank reads only the slices it holds",
              f"{INDENT}load_pretrained_into(model, args.init_from)"]
+
+
+def compile_refusal(program: Program) -> str | None:
+    """Why --compile cannot run ``program`` on this torch (2.13), or None. Two programs fail with each block's
+    forward compiled (full recomputation, none, 1F1B and interleaved schedules compile, and train as one process):
+
+    - under tensor parallelism, selective recomputation: AOT autograd's forward stops ("expected all
+      tensors_saved_with_vc_check to be Tensors": the selective policy saves a DTensor collective's output, and
+      a DeviceMesh with it), compiled before or after the checkpoint wrapper alike;
+    - the zero-bubble schedule, whose backward takes the input gradients first and the weight gradients later
+      from the same graph, where a compiled block is one backward node: with AOT autograd's donated buffers
+      it refuses the kept graph, and without them dp2 x pp2 trained other weights than one process
+      (pytorch/pytorch#161904)."""
+    tp = any(isinstance(step, TensorParallel) for step in program.steps)
+    selective = any(isinstance(step, Recompute) and step.policy == Policy.SELECTIVE for step in program.steps)
+    if tp and selective:
+        return ("--compile with selective recomputation under tensor parallelism fails in torch 2.13's AOT autograd "
+                "(the selective policy saves a DTensor collective's output); plan with --recompute full or none, "
+                "or run without --compile")
+    if any(isinstance(step, SplitPipeline) and step.schedule == Schedule.ZERO_BUBBLE for step in program.steps):
+        return ("--compile with the zero-bubble pipeline schedule is refused: its backward splits input and weight "
+                "gradients, which a compiled block's single backward does not (pytorch/pytorch#161904); plan with "
+                "--schedule 1f1b or interleaved-1f1b, or run without --compile")
+    return None
 
 
 def takes_init_from(program: Program) -> bool:
@@ -66,6 +92,8 @@ def check_lines(program: Program, blocks: str) -> list[str]:
         lines += _refusal("args.compile", (
             "--compile compiles each block of the model's block container, but this plan's model has none; "
             "omit --compile for this model"))
+    elif (refusal := compile_refusal(program)) is not None:
+        lines += _refusal("args.compile", refusal)
     return lines
 
 

@@ -23,8 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..codegen import lower
+from ..codegen.options import compile_refusal
 from ..codegen.precision import check_runnable
-from ..ir import Plan
+from ..codegen.structure import structure_of
+from ..ir import Plan, PlanError
 from .clip import check_max_norm, compile_blocks, install_clipping
 from .data import TokenFile, TokenStream, open_stream
 from .distributed import close_distributed, init_distributed
@@ -60,9 +63,12 @@ class Options:
         """Bad input, before any process group: a missing --data file (with ``scan_data``, also one too
         short or with an id outside the vocabulary: the whole file is read), a bad --clip-grad, a missing
         --init-from checkpoint, or (given the whole ``model``, e.g. built on meta) one whose names or
-        shapes differ from the model's (each a ``PlanError``); and a plan dtype this machine cannot train in
+        shapes differ from the model's, --compile of a program torch cannot compile
+        (``codegen.options.compile_refusal``) (each a ``PlanError``); and a plan dtype this machine cannot train in
         (``codegen.precision.check_runnable``)."""
         check_device_dtype(plan.dtype)
+        if self.compile and (refusal := compile_refusal(lower(plan))) is not None:
+            raise PlanError(refusal)
         if self.data is not None:
             file = TokenFile.open(self.data, int(plan.model["vocab"]), self.data_dtype)
             if scan_data:
@@ -87,8 +93,6 @@ def check_device_dtype(dtype: str) -> None:
 def prepare_model(plan: Plan, model: nn.Module, options: Options) -> nn.Module:
     """Before sharding: compile each block if asked."""
     if options.compile:
-        from ..codegen.structure import structure_of
-
         compile_blocks(model, structure_of(plan).blocks)
     return model
 

@@ -76,6 +76,35 @@ def test_a_flag_the_script_cannot_take_exits_2_in_one_line(tmp_path, flags, want
     assert done.stdout == ""
 
 
+def test_compile_is_refused_for_the_programs_torch_cannot_compile(tmp_path) -> None:
+    """--compile of each block fails on torch 2.13 under tp with selective recomputation (AOT autograd's forward
+    stops) and trains other weights under the zero-bubble schedule (pytorch/pytorch#161904): both are refused,
+    saying what to plan instead, by meshplan run (``Options.check``) and by the emitted script; the programs
+    beside them compile (their parity cases: tests/runtime/test_runtime_parity.py, test_runtime_pipeline.py)."""
+    from meshplan.codegen import lower
+    from meshplan.codegen.options import compile_refusal
+    from meshplan.ir import PlanError
+    from meshplan.runtime.train import Options
+
+    sel = ("selective",) * 4
+    refused = {"tp selective": plan("llama", dp=2, tp=2, recompute=sel),
+               "zero bubble": pipelined("llama", dp=2, schedule="zero-bubble")}
+    allowed = [plan("llama", dp=4, recompute=sel), plan("llama", dp=2, tp=2, recompute=("full",) * 4),
+               pipelined("llama", dp=2), pipelined("llama", dp=2, schedule="interleaved-1f1b", vp=2)]
+    want = {"tp selective": r"selective recomputation under tensor parallelism .* --recompute full or none",
+            "zero bubble": r"zero-bubble pipeline schedule .* --schedule 1f1b or interleaved-1f1b"}
+    for name, p in refused.items():
+        assert re.search(want[name], compile_refusal(lower(p)) or ""), name
+        with pytest.raises(PlanError, match=want[name]):
+            Options(compile=True).check(p)
+        Options().check(p)  # without --compile: nothing to refuse
+        script = tmp_path / "train.py"
+        script.write_text(emit_source(p))
+        done = subprocess.run([sys.executable, str(script), "--compile"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and re.search(want[name], done.stderr), done.stdout + done.stderr
+    assert [compile_refusal(lower(p)) for p in allowed] == [None] * len(allowed)
+
+
 CLIP = 0.5
 STEPS = 3
 

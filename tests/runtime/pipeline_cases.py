@@ -10,6 +10,7 @@ import torch
 
 from meshplan import ir, zoo
 from meshplan.runtime import apply
+from meshplan.runtime.clip import compile_blocks
 from meshplan.runtime.expert import ExpertParallelMixin
 from meshplan.runtime.pipeline import Absent, holds
 from meshplan.runtime.train import synthetic_batch
@@ -62,12 +63,14 @@ def _holdings(pm) -> dict[str, Any]:
 
 
 def run_cases(rank: int, world_size: int, payload: dict[str, Any], outdir: Path) -> None:
-    """``payload``: {"cases": [{name, model, plan: pipeline_plan kwargs}]}."""
+    """``payload``: {"cases": [{name, model, plan: pipeline_plan kwargs, compile}]}."""
     results = {}
     for case in payload["cases"]:
         plan = pipeline_plan(case["model"], **case["plan"])
         torch.manual_seed(SEED)
         model = zoo.build_from_config(plan.model)
+        if case.get("compile"):  # --compile: each block's forward compiled before the split (graphs, no kernels)
+            compile_blocks(model, "layers", backend="aot_eager")
         pm = apply(plan, model, optimizer=optimizer)
         losses = []
         for step in range(1, STEPS + 1):

@@ -41,6 +41,9 @@ CASES_4 = [
          plan=dict(pp=2, dp=2, zero=2, schedule="zero-bubble", recompute=FULL)),
     dict(name="llama pp2 dp2 zero3 interleaved", model="llama-tiny",
          plan=dict(pp=2, dp=2, zero=3, schedule="interleaved-1f1b", vp=2)),
+    # --compile under pipelining (each block's forward compiled before the split; codegen.options.compile_refusal
+    # refuses it with the zero-bubble schedule)
+    dict(name="llama pp2 dp2 zero2 1f1b compiled", model="llama-tiny", plan=dict(pp=2, dp=2, zero=2), compile=True),
     dict(name="gpt pp2 tp2 sp gpipe selective", model="gpt-tiny",
          plan=dict(pp=2, tp=2, sp=True, schedule="gpipe", recompute=SEL)),
     # pp x ep: each stage's experts split over the ep ranks of that stage (its dp ranks)
