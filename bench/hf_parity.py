@@ -3,12 +3,13 @@ and on four (pinned, e.g. dp 2 x tp 2), the losses of the first steps side by si
 model than the user's shows as different losses at step 1; one that cannot run, as its error.
 
     python bench/hf_parity.py [--pins "--dp 2 --tp 2"] [--run-args=--compile] [--steps 2] [--seq-len 32] [--layers 2]
-                              [--only llama opt ...]
+                              [--pretrained] [--only llama opt ...]
 
 Each config is tiny (hidden 64, 4 heads and 2 KV heads, 2 layers, vocabulary 256) with dropout off (each rank
 draws its own dropout masks, so a run with dropout cannot match one process). Prints one row per architecture:
-the plan chosen on four processes (pp, tp, cp, sp, ZeRO) and the losses of both runs. A benchmark, not a test:
-about 20 s an architecture on two cores.
+the plan chosen on four processes (pp, tp, cp, sp, ZeRO) and the losses of both runs. With ``--pretrained`` both
+runs start from a checkpoint transformers saved in its own layout (``--init-from``), and the row begins with
+transformers' own first loss of it. A benchmark, not a test: about 20 s an architecture on two cores.
 """
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def write_config(model_type: str, where: Path, seq_len: int = 32, layers: int = 
     return path
 
 
+def save_pretrained(model: Path, seq_len: int) -> str:
+    """Random weights of the config at ``model``, saved there by transformers in its own checkpoint layout (experts one
+    by one for Mixtral, Qwen3-MoE, DeepSeek-V3, ...), the 1-D weights moved off their init so that a load that missed
+    them shows; returns the first-step loss of transformers' own ``from_pretrained`` of them on the runs' first batch."""
+    import torch
+    import transformers
+
+    from meshplan.runtime.planned import token_cross_entropy
+    from meshplan.runtime.train import synthetic_batch
+
+    config = transformers.AutoConfig.from_pretrained(model)
+    torch.manual_seed(0)
+    built = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in built.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    built.save_pretrained(model)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    x, y = synthetic_batch(config.vocab_size, 8, seq_len, 0, 1)
+    with torch.no_grad():
+        return f"{token_cross_entropy(loaded(input_ids=x, use_cache=False).logits, y).item():.6f}"
+
+
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
@@ -111,7 +136,7 @@ def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: int = 32,
                  run_args: list[str] = ()) -> str:
-    """'pp1 tp2 cp1 sp0 z2  5.568831 5.584849', or where it stopped and the last line of its error."""
+    """'pp1 tp2 cp1 ep1 sp0 z2  5.568831 5.584849', or where it stopped and the last line of its error."""
     plan = model / f"plan{nproc}.json"
     done = _cli("plan", "-q", "--model", f"hf:{model}", "--cluster", f"cpu:1x{nproc}", "--global-batch", "8",
                 "--seq-len", str(seq_len), "-o", str(plan), *pins)
@@ -119,7 +144,8 @@ def plan_and_run(model: Path, nproc: int, pins: list[str], steps: int, seq_len: 
         return "plan failed: " + ((done.stderr or done.stdout).strip().splitlines() or ["?"])[-1][:160]
     p = json.loads(plan.read_text())
     mesh = p["mesh"]
-    what = f"pp{mesh['pp']} tp{mesh['tp']} cp{mesh['cp']} sp{int(p['sequence_parallel'])} z{p['zero_stage']}"
+    what = (f"pp{mesh['pp']} tp{mesh['tp']} cp{mesh['cp']} ep{mesh.get('ep', 1)} sp{int(p['sequence_parallel'])} "
+            f"z{p['zero_stage']}")
     done = _cli("run", str(plan), "--nproc", str(nproc), "--steps", str(steps), "-q", *run_args)
     losses = [line.split()[-1] for line in done.stdout.splitlines() if line.startswith("step ")]
     if done.returncode or len(losses) != steps:
@@ -138,16 +164,21 @@ def main() -> None:
     parser.add_argument("--run-args", default="", help="meshplan run flags for the 4-process run only, e.g. "
                         "'--compile' (the one-process run stays eager)")
     parser.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES), help="these architectures only")
+    parser.add_argument("--pretrained", action="store_true", help="both runs start from a checkpoint transformers "
+                        "saved (--init-from), and a column gives transformers' own first loss of it")
     args = parser.parse_args()
     flags = " ".join(part for part in (args.pins, args.run_args) if part)
-    print(f"{'architecture':24s} {'one process':28s} four processes ({flags})")
+    first = f"{'transformers':13s}" if args.pretrained else ""
+    print(f"{'architecture':24s} {first}{'one process':32s} four processes ({flags})")
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.only or ARCHITECTURES:
             model = write_config(model_type, Path(tmp), args.seq_len, args.layers)
-            one = plan_and_run(model, 1, [], args.steps, args.seq_len)
+            init = ["--init-from", str(model)] if args.pretrained else []
+            reference = f"{save_pretrained(model, args.seq_len):13s}" if args.pretrained else ""
+            one = plan_and_run(model, 1, [], args.steps, args.seq_len, init)
             four = plan_and_run(model, 4, shlex.split(args.pins), args.steps, args.seq_len,
-                                shlex.split(args.run_args))
-            print(f"{ARCHITECTURES[model_type][0]:24s} {one:28s} {four}", flush=True)
+                                shlex.split(args.run_args) + init)
+            print(f"{ARCHITECTURES[model_type][0]:24s} {reference}{one:32s} {four}", flush=True)
 
 
 if __name__ == "__main__":
