@@ -106,9 +106,10 @@ def write_config(model_type: str, where: Path, seq_len: int = 32, layers: int = 
 
 
 def save_pretrained(model: Path, seq_len: int) -> str:
-    """Random weights of the config at ``model``, saved there by transformers in its own checkpoint layout (experts one
-    by one for Mixtral, Qwen3-MoE, DeepSeek-V3, ...), the 1-D weights moved off their init so that a load that missed
-    them shows; returns the first-step loss of transformers' own ``from_pretrained`` of them on the runs' first batch."""
+    """Random weights of the config at ``model``, saved there by transformers in its own checkpoint layout (experts
+    one by one for Mixtral, Qwen3-MoE, DeepSeek-V3, ...), the 1-D weights moved off their init so that a load that
+    missed them shows; returns the first-step loss of transformers' own ``from_pretrained`` of them on the runs'
+    first batch."""
     import torch
     import transformers
 
