@@ -80,11 +80,20 @@ def check_pretrained(model: Any, path: str | os.PathLike) -> None:
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     for name in tied_names(model, shapes, saved):
         del shapes[name]
+    checked_layout(model, shapes, saved, path)
+
+
+def checked_layout(model: Any, shapes: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]],
+                   path: str | os.PathLike) -> Layout:
+    """``checkpoint_layout`` of the model's ``shapes`` (global), checked: ``shapes`` is renamed to the checkpoint's
+    names, each assembled parameter's shape compared (``check_stacked``) and the rest compared with the checkpoint's
+    other tensors (``check_names_and_shapes``); raises ``CheckpointError`` at the first difference."""
     layout = checkpoint_layout(model, shapes, saved, path)
     for name, stored in layout.renamed.items():
         shapes[stored] = shapes.pop(name)
     check_stacked(layout.stacked, shapes, saved, path)
     check_names_and_shapes(shapes, layout.unstacked(saved), path)
+    return layout
 
 
 @dataclass(frozen=True)
@@ -310,14 +319,10 @@ def load_pretrained_into(module: nn.Module, path: str | os.PathLike) -> None:
         tensor = load_sd.pop(name)
         load_sd.setdefault(first, tensor)
     # every rank's names (a pipeline rank holds its stages only): each rank reaches the same verdict
-    shapes = _global_shapes(load_sd)
-    layout = checkpoint_layout(module, shapes, saved, path)
+    layout = checked_layout(module, _global_shapes(load_sd), saved, path)
     for name, stored in layout.renamed.items():  # GPT-NeoX's embed_out
-        shapes[stored] = shapes.pop(name)
         if name in load_sd:
             load_sd[stored] = load_sd.pop(name)
-    check_stacked(layout.stacked, shapes, saved, path)
-    check_names_and_shapes(shapes, layout.unstacked(saved), path)
     for name in layout.stacked:  # experts stored one by one: assembled below, not read by DCP
         load_sd.pop(name, None)
     dcp.load(load_sd, storage_reader=reader)
