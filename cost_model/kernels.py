@@ -63,6 +63,8 @@ def wave_efficiency(accel: Accelerator, m: float, n: float, k: float) -> float:
 
 
 def matmul_time_s(accel: Accelerator, dtype: str, m: float, n: float, k: float, elem_bytes: int) -> float:
+    if m * n * k == 0:
+        return 0.0  # no work, and no kernel: torch returns an empty (or zero-filled) result without one
     compute_s = 2.0 * m * n * k / (accel.achievable_flops(dtype) * wave_efficiency(accel, m, n, k))
     memory_s = (m * k + k * n + m * n) * elem_bytes / (accel.memory_bw_Bps * accel.memory_efficiency)
     return max(compute_s, memory_s) + accel.kernel_overhead_s

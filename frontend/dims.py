@@ -40,7 +40,7 @@ CONFIG_NAMES: Mapping[str, tuple[str, ...]] = {
     "ffn_hidden": ("ffn_hidden", "intermediate_size", "n_inner", "ffn_dim"),
     "vocab": ("vocab", "vocab_size"),
     "experts": ("experts", "num_local_experts", "num_experts"),
-    "top_k": ("top_k", "num_experts_per_tok"),
+    "top_k": ("top_k", "num_experts_per_tok", "top_k_experts"),
 }
 _REQUIRED = ("layers", "hidden", "heads", "vocab")
 FAMILIES = ("gpt", "llama", "moe")
@@ -48,10 +48,23 @@ FAMILIES = ("gpt", "llama", "moe")
 
 def _lookup(config: Any, names: Sequence[str]) -> Any:
     for name in names:
-        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        value = config.get(name) if isinstance(config, Mapping) else _attribute(config, name)
         if value is not None:
             return value
     return None
+
+
+def _attribute(config: Any, name: str) -> Any:
+    """``config.name``; for a field a heterogeneous Hugging Face config sets layer by layer (Gemma 4's
+    ``head_dim``: 256 on its sliding-window layers, 512 on its full ones; transformers raises on the global read,
+    ``AmbiguousGlobalPerLayerAttributeError``), the mean over its layers (``per_layer_config``), rounded: the
+    projections' widths, parameters and FLOPs are linear in it, so their totals over the layers stay right."""
+    if name in (getattr(config, "per_layer_attributes", None) or ()):
+        values = [getattr(layer, name, None) for layer in config.per_layer_config]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return round(sum(values) / len(values))
+        return None
+    return getattr(config, name, None)
 
 
 def has_config_dims(config: Any) -> bool:

@@ -74,6 +74,9 @@ def _dims(model: nn.Module, nodes: Sequence[Node], params: Sequence[Param], bloc
     config = getattr(model, "config", None)
     if config is not None and has_config_dims(config):
         dims = dims_from_config(config)
+        routed = [c for c in leaf_costs.values() if c.experts]
+        if dims.experts and not dims.top_k and routed:  # a config naming its experts but not how many a token takes
+            dims = dataclasses.replace(dims, top_k=routed[0].top_k)
     else:  # no config, or one without the usual names (e.g. T5's num_heads): read the graph
         dims = infer_dims(nodes, params, blocks, leaf_costs)
     return dataclasses.replace(normalized_family(dims, structure), expert_bias=_experts_have_bias(params, structure))

@@ -104,8 +104,8 @@ def install_clipping(pm, max_norm: float) -> None:
 def compile_blocks(model: nn.Module, blocks: str, backend: str = "inductor") -> int:
     """``torch.compile`` the forward of each block under the container at module path ``blocks``, in place
     (names, parameters and hooks unchanged, so sharding and checkpoints see the same model); returns how
-    many. Before sharding, as torchtitan does; the hooks sharding adds run eagerly around the compiled
-    forward. ``backend``: torch.compile's (the tests take "aot_eager": the same graphs and autograd, without
+    many. It runs after the build and before sharding (torchtitan compiles later, after tensor parallelism
+    and recomputation, before FSDP): the hooks sharding adds run eagerly around the compiled forward. ``backend``: torch.compile's (the tests take "aot_eager": the same graphs and autograd, without
     generating kernels).
 
     An input that a collective still fills (``AsyncCollectiveTensor``: the output of an embedding that

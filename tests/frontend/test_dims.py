@@ -64,3 +64,40 @@ def test_a_sliding_window_is_read_only_where_the_config_names_the_layers_that_us
     assert (bare.attention_window, bare.windowed_layers) == (0, 0)
     full = dims_from_config(dict(base, sliding_window=512, layer_types=["full_attention"] * 6))
     assert (full.attention_window, full.windowed_layers) == (0, 0)
+
+
+def _gemma4_config(**extra):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoConfig.for_model(
+        "gemma4_text", hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, vocab_size=256, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
+        pad_token_id=0, **extra)
+
+
+def test_a_heterogeneous_config_gives_the_mean_of_its_layers_values():
+    """Gemma 4 sets ``head_dim`` layer by layer (16 on its sliding layer, 32 on its full one here), and
+    transformers refuses the global read (``AmbiguousGlobalPerLayerAttributeError``): the dimension is the mean
+    over the layers, so the projections' parameters and FLOPs over the model come out right."""
+    from meshplan.frontend.dims import dims_from_config
+
+    config = _gemma4_config()
+    assert config.is_heterogeneous and [c.head_dim for c in config.per_layer_config] == [16, 32]
+    dims = dims_from_config(config)
+    assert (dims.head_dim, dims.heads, dims.kv_heads, dims.layers) == (24, 4, 2, 2)
+
+
+def test_a_moe_config_naming_its_top_k_its_own_way_plans():
+    """Gemma 4's MoE block names its routed experts a token takes ``top_k_experts``: read like
+    ``num_experts_per_tok`` (it was 0, and the cost model divided by a matmul of no work)."""
+    import meshplan as mp
+    from meshplan.frontend.dims import dims_from_config
+
+    config = _gemma4_config(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    dims = dims_from_config(config)
+    assert (dims.experts, dims.top_k) == (4, 2)
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    plan = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=32, fixed={"dp": 4, "ep": 2, "pp": 1})
+    assert (plan.mesh.dp, plan.mesh.ep, plan.model["experts"], plan.model["top_k"]) == (4, 2, 4, 2)
