@@ -83,6 +83,10 @@ ARCHITECTURES = {
                                                 moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                                 pad_token_id=0)),
     "jamba": ("JambaForCausalLM", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    # heterogeneous layers: head_dim 16 on the sliding-window layers, global_head_dim 32 on the full ones
+    # (config.per_layer_config), and per-layer input embeddings of width 16 beside the token embedding
+    "gemma4_text": ("Gemma4ForCausalLM", dict(head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
+                                              pad_token_id=0)),
 }
 
 

@@ -105,8 +105,9 @@ def compile_blocks(model: nn.Module, blocks: str, backend: str = "inductor") -> 
     """``torch.compile`` the forward of each block under the container at module path ``blocks``, in place
     (names, parameters and hooks unchanged, so sharding and checkpoints see the same model); returns how
     many. It runs after the build and before sharding (torchtitan compiles later, after tensor parallelism
-    and recomputation, before FSDP): the hooks sharding adds run eagerly around the compiled forward. ``backend``: torch.compile's (the tests take "aot_eager": the same graphs and autograd, without
-    generating kernels).
+    and recomputation, before FSDP): the hooks sharding adds run eagerly around the compiled forward.
+    ``backend``: torch.compile's (the tests take "aot_eager": the same graphs and autograd, without generating
+    kernels).
 
     An input that a collective still fills (``AsyncCollectiveTensor``: the output of an embedding that
     tensor parallelism shards, which torch's styles redistribute with ``async_op=True``) is waited for

@@ -79,6 +79,12 @@ HF_LLAMA4 = {"kind": "hf", "class": "Llama4ForCausalLM", "config": user_models.h
 # Apertus: its xIELU slopes are registered with values no init rewrites (runtime.materialize's MetaInit.constructed)
 HF_APERTUS = {"kind": "hf", "class": "ApertusForCausalLM", "config": user_models.hf_llama_config(
     model_type="apertus", head_dim=16, pad_token_id=0)}
+# Gemma 4: a heterogeneous config (head_dim 16 on the sliding layer, global_head_dim 32 on the full one, read per
+# layer: frontend.dims) and a MoE block beside each layer's MLP whose config names its top k ``top_k_experts``
+HF_GEMMA4_MOE = {"kind": "hf", "class": "Gemma4ForCausalLM", "config": user_models.hf_llama_config(
+    model_type="gemma4_text", head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0, pad_token_id=0,
+    enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)}
+GEMMA4 = "hf gemma4 moe dp2 x tp2 ep2 (per-layer head_dim)"
 NANOGPT = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=64)
 PINS = dict(pp=1, cp=1, ep=1, sp=False, recompute="none")  # ep: pinned to 2 where a case says so
 
@@ -157,6 +163,7 @@ def plans() -> dict[str, mp.Plan]:
         "hf opt dp2 x tp2": _plan(HF_OPT, dp=2, tp=2, zero=0, micro_batch=4, num_microbatches=1),
         "hf llama4 pp2 x dp2": _plan(HF_LLAMA4, pp=2, dp=2, tp=1, zero=0, micro_batch=2, num_microbatches=2),
         "hf qwen3 dp2 x tp2 (q/k norms)": _plan(HF_QWEN3, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
+        GEMMA4: _plan(HF_GEMMA4_MOE, dp=2, tp=2, ep=2, zero=2, micro_batch=2, num_microbatches=2),
         OLMO2: _plan(HF_OLMO2, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
         # every sublayer split, whatever the intra-op program chose at this tiny size (it keeps attention whole)
         GPT_OSS: dataclasses.replace(_plan(HF_GPT_OSS, dp=2, tp=2, zero=0, micro_batch=2, num_microbatches=2),
@@ -223,7 +230,7 @@ def test_sources_are_recorded(plans) -> None:
                                   "hf falcon pp2 x dp2 (blocks return tuples)", "hf llama tied dp2 x tp2 sp",
                                   "hf phi3 dp2 x tp2 (fused gate and up)", "hf gpt2 pp2 x tp2 (tied, vocab-parallel)",
                                   "hf llama4 pp2 x dp2", META_APERTUS,
-                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2, GPT_OSS, NEOX])
+                                  "hf qwen3 dp2 x tp2 (q/k norms)", OLMO2, GPT_OSS, NEOX, GEMMA4])
 def test_user_model_matches_one_process(plans, ranks, name) -> None:
     plan = plans[name]
     ref_losses, ref_params = user_model_cases.reference(plan.source, plan.model["vocab"])
