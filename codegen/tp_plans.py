@@ -185,9 +185,10 @@ def sp_blockers(s: ModelStructure) -> list[str]:
     if _cut_at_embedding(s):
         if s.pos_embed and not embedding_sum(s):
             why.append(f"the position embedding {s.pos_embed!r} is added in a forward that also runs the blocks")
-    elif attention_returns_tuple(s) and s.tp_linears()["attn"] is None:
-        why.append(f"attention ({s.attn!r}) is kept whole over tp and returns a tuple (Hugging Face's (attn_output, "
-                   "attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
+    elif attention_returns_tuple(s) and (s.tp_linears()["attn"] is None or s.whole_attn_blocks):
+        which = f" in blocks {list(s.whole_attn_blocks)}" if s.tp_linears()["attn"] is not None else ""
+        why.append(f"attention ({s.attn!r}) is kept whole over tp{which} and returns a tuple (Hugging Face's "
+                   "(attn_output, attn_weights)), which PrepareModuleInputOutput cannot cut back to the sequence slice")
     if s.block_loose:
         why.append(f"the blocks hold {list(s.block_loose)} beside attention, the MLP and the norms before them (Gemma "
                    "2's post-attention and post-feedforward norms): on the sequence-sharded stream each tp rank would "

@@ -183,6 +183,13 @@ def hf_llama_config(**overrides) -> dict:
                      tie_word_embeddings=False), **overrides)
 
 
+def hf_minimax_config(**overrides) -> dict:
+    """MiniMax: softmax attention (q, k, v, o) in block 0, lightning attention (a fused qkv_proj) in block 1, and
+    routed experts in both."""
+    return hf_llama_config(**dict(dict(model_type="minimax", head_dim=16, pad_token_id=0, num_local_experts=4,
+                                       num_experts_per_tok=2), **overrides))
+
+
 def hf_gpt2_config(**overrides) -> dict:
     return dict(model_type="gpt2", vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)

@@ -95,8 +95,10 @@ def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[di
                  "feature_norms", "head_params")
     differ = [k for k in firsts if any(found[k][0].get(r) != roles.get(r) for r in attention)]
     if differ:
-        notes.append(f"{container}: the attention of blocks of kind {differ} differs from {firsts[kind].name}'s; "
-                     f"roles are those of {firsts[kind].name}, check the plan's layouts for the others")
+        roles["whole_attn_blocks"] = tuple(i for i, b in enumerate(blocks) if b.kind in differ)
+        notes.append(f"{container}: the attention of blocks {list(roles['whole_attn_blocks'])} (kind {differ}) "
+                     f"differs from {firsts[kind].name}'s, whose roles stand; tensor parallelism keeps their "
+                     "attention whole")
     if len(firsts) > 1 and not dense and not differ:
         notes.append(f"{container}: blocks of {len(firsts)} kinds ({', '.join(sorted(firsts))}); roles are those "
                      f"of {firsts[kind].name}, and plans treat the other kinds by their graph only")

@@ -22,6 +22,10 @@ are relative to the model's root (``model.embed_tokens``). An empty path means "
                   data-parallel, kept whole under tensor parallelism
     dense_blocks  indices of the blocks with a plain MLP where the others have ``experts`` (DeepSeek-V3's
                   ``first_k_dense_replace`` leading dense layers); expert parallelism skips them
+    whole_attn_blocks  indices of the blocks whose attention is of another kind than the one the roles name
+                  (MiniMax's lightning attention, with its own fused qkv_proj, beside its softmax attention's q, k,
+                  v and o): tensor parallelism keeps their attention whole, each tp rank running it on the whole
+                  stream
     attn_kwarg    the keyword a block passes attention its input by ("" positional; Hugging Face:
                   "hidden_states"), which sequence parallelism gathers; ``attn_tuple`` when it returns a tuple
                   (Hugging Face's, GPT-2's too), which sequence parallelism cannot cut if attention is kept whole;
@@ -80,6 +84,7 @@ class ModelStructure:
     router: str = ""
     shared_experts: str = ""
     dense_blocks: tuple[int, ...] = ()
+    whole_attn_blocks: tuple[int, ...] = ()
     linear_kind: str = "linear"
     attn_kwarg: str = ""  # the keyword a block hands attention its input by ("" positional): HF "hidden_states"
     attn_tuple: bool = False  # the attention returns a tuple (Hugging Face's (attn_output, attn_weights))
@@ -100,6 +105,7 @@ class ModelStructure:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mlp_in", tuple(self.mlp_in))
         object.__setattr__(self, "dense_blocks", tuple(self.dense_blocks))
+        object.__setattr__(self, "whole_attn_blocks", tuple(self.whole_attn_blocks))
         object.__setattr__(self, "loose", tuple(self.loose))
         object.__setattr__(self, "block_loose", tuple(self.block_loose))
         object.__setattr__(self, "head_norms", tuple(self.head_norms))
@@ -108,7 +114,7 @@ class ModelStructure:
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("notes", "linear_kind", "dense_blocks"):
+            if f.name in ("notes", "linear_kind", "dense_blocks", "whole_attn_blocks"):
                 continue
             paths = value if isinstance(value, tuple) else (value,) if isinstance(value, str) else ()
             for path in paths:
@@ -127,6 +133,11 @@ class ModelStructure:
             raise InvalidPlanError(f"structure.dense_blocks: {list(self.dense_blocks)} must be block indices below "
                                    f"num_blocks({self.num_blocks}) of a model with experts (experts is "
                                    f"{self.experts!r}); bad entries: {bad}")
+        bad = [i for i in self.whole_attn_blocks if not isinstance(i, int) or isinstance(i, bool)
+               or not 0 <= i < self.num_blocks]
+        if bad:
+            raise InvalidPlanError(f"structure.whole_attn_blocks: {list(self.whole_attn_blocks)} must be block "
+                                   f"indices below num_blocks({self.num_blocks}); bad entries: {bad}")
         if bool(self.head_norms) != (self.head_norm_dim > 0):
             raise InvalidPlanError(f"structure.head_norms {list(self.head_norms)} and head_norm_dim "
                                    f"{self.head_norm_dim} go together: norms need the heads' dim (> 0), and a dim "
@@ -170,6 +181,7 @@ class ModelStructure:
         data = asdict(self)
         data["mlp_in"] = list(self.mlp_in)
         data["dense_blocks"] = list(self.dense_blocks)
+        data["whole_attn_blocks"] = list(self.whole_attn_blocks)
         data["notes"] = list(self.notes)
         return {k: v for k, v in data.items() if v not in ("", (), [], 0, False) or k == "linear_kind"}
 
@@ -182,8 +194,8 @@ class ModelStructure:
         if unknown:
             raise InvalidPlanError(f"structure: unknown field(s) {unknown}; expected among {sorted(known)}")
         kw = dict(data)
-        for key in ("mlp_in", "notes", "dense_blocks", "loose", "block_loose", "head_norms", "feature_norms",
-                    "head_params"):
+        for key in ("mlp_in", "notes", "dense_blocks", "whole_attn_blocks", "loose", "block_loose", "head_norms",
+                    "feature_norms", "head_params"):
             if key in kw:
                 if not isinstance(kw[key], (list, tuple)):
                     raise InvalidPlanError(f"structure.{key}: expected a list, got {kw[key]!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 from typing import Any
 
@@ -37,10 +38,39 @@ def is_hf(model: nn.Module) -> bool:
     return type(model).__module__.startswith("transformers.") and hasattr(getattr(model, "config", None), "to_dict")
 
 
+# transformers' own spelling of the floats JSON has no literal for (its config.json: Nemotron-H's
+# ``time_step_limit`` [0.0, {"__float__": "Infinity"}]), kept in plans so that they stay strict JSON
+FLOAT_TAG = "__float__"
+SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _tagged_floats(value: Any) -> Any:
+    """``value`` with each infinite or NaN float spelled ``{"__float__": "Infinity"}`` (transformers' way)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_TAG: "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+    if isinstance(value, dict):
+        return {k: _tagged_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tagged_floats(v) for v in value]
+    return value
+
+
+def _untagged_floats(value: Any) -> Any:
+    """``_tagged_floats`` undone: what transformers' ``from_pretrained`` reads back from its config.json."""
+    if isinstance(value, dict):
+        if set(value) == {FLOAT_TAG} and value[FLOAT_TAG] in SPECIAL_FLOATS:
+            return SPECIAL_FLOATS[value[FLOAT_TAG]]
+        return {k: _untagged_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untagged_floats(v) for v in value]
+    return value
+
+
 def hf_config_dict(config: Any) -> dict[str, Any]:
-    """A transformers config as plain JSON data (what ``from_dict`` takes back)."""
+    """A transformers config as plain JSON data (what ``from_dict`` takes back), infinite and NaN floats
+    spelled as transformers' config.json spells them."""
     data = config.to_dict()
-    return json.loads(json.dumps(data, default=str))
+    return _tagged_floats(json.loads(json.dumps(data, default=str)))
 
 
 def builder_source(target: str, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -89,7 +119,7 @@ def hf_config(source: dict[str, Any]) -> Any:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    data = dict(source.get("config") or {})
+    data = _untagged_floats(dict(source.get("config") or {}))
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise UnsupportedModelError(f"the Hugging Face config's model_type {model_type!r} is not one transformers "

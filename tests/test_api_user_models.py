@@ -244,3 +244,40 @@ def test_a_pin_the_model_rules_out_is_refused_with_the_model_s_reason() -> None:
     assert mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"pp": 2}).mesh.pp == 2
     plan = mp.autoparallelize(module, "cpu:1x4", global_batch=8, seq_len=32, fixed={"tp": 2, "sp": False})
     assert plan.mesh.tp == 2 and not plan.sequence_parallel
+
+
+def test_attention_of_another_kind_in_some_blocks_is_kept_whole_over_tp() -> None:
+    """MiniMax alternates softmax attention (q, k, v, o) with lightning attention (one fused qkv_proj, out_proj): the
+    roles are the softmax blocks', so tensor parallelism keeps the lightning blocks' attention whole
+    (``whole_attn_blocks``); the plan split it by roles it does not have, and every worker stopped on
+    'model.layers.1.self_attn.q_proj'. Sequence parallelism is not offered: that whole attention returns a tuple."""
+    from meshplan.codegen.lower import replicated_sublayers
+    from meshplan.codegen.structure import structure_of
+
+    pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = sources.build({"kind": "hf", "class": "MiniMaxForCausalLM", "config": user_models.hf_minimax_config()})
+    assert model.config.layer_types == ["full_attention", "linear_attention"]
+    plan = mp.autoparallelize(model, "cpu:1x4", global_batch=8, seq_len=32, fixed={"dp": 2, "tp": 2, "pp": 1})
+    s = structure_of(plan)
+    assert s.whole_attn_blocks == (1,) and s.q == "self_attn.q_proj" and not plan.sequence_parallel
+    cfg = {"structure": s, "layers": 2}
+    assert "attn" not in replicated_sublayers(plan, cfg, 0) and "attn" in replicated_sublayers(plan, cfg, 1)
+    assert ir.ModelStructure.from_dict(s.to_dict()) == s  # it travels in plan files
+    with pytest.raises(ir.InvalidPlanError, match="whole_attn_blocks"):
+        ir.ModelStructure.from_dict({**s.to_dict(), "whole_attn_blocks": [2]})
+
+
+def test_a_config_holding_infinity_round_trips_through_the_plan() -> None:
+    """Nemotron-H's ``time_step_limit`` is (0.0, inf): transformers' config.json spells it
+    ``{"__float__": "Infinity"}``, which ``hf:PATH`` handed on as a dict transformers refused ("doesn't match any
+    type"); both directions now use that spelling, so a plan file stays strict JSON and builds the same config."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("nemotron_h", hidden_size=64, num_hidden_layers=2, vocab_size=256)
+    assert config.time_step_limit[1] == float("inf")
+    data = sources.hf_config_dict(config)
+    assert data["time_step_limit"][1] == {"__float__": "Infinity"}
+    json.dumps(data, allow_nan=False)
+    assert sources.hf_config({"config": data}).time_step_limit[1] == float("inf")

@@ -90,9 +90,11 @@ def assert_matches_reference(ranks: list[dict], name: str, model: str | dict) ->
     assert_ranks_match(ranks, name, *reference(model))
 
 
-def assert_ranks_match(ranks: list[dict], name: str, ref_losses: list[float], ref_params: dict[str, torch.Tensor]) -> None:
+def assert_ranks_match(ranks: list[dict], name: str, ref_losses: list[float], ref_params: dict[str, torch.Tensor],
+                       param_atol: float = 1e-5) -> None:
     """Case ``name`` of ``ranks``' results: the same global mean loss on every rank, and losses and final (full)
-    parameters, under the whole model's names, equal to one process's within 1e-5."""
+    parameters, under the whole model's names, equal to one process's within 1e-5 (``param_atol`` for the
+    parameters of a model whose gradients fp32 itself leaves further from exact: the caller says why)."""
     got = [r[name] for r in ranks]
     for rank, result in enumerate(got):
         assert result["losses"] == got[0]["losses"], f"rank {rank} reports other losses than rank 0"
@@ -100,7 +102,7 @@ def assert_ranks_match(ranks: list[dict], name: str, ref_losses: list[float], re
     params = got[0]["params"]
     assert sorted(params) == sorted(ref_params)  # the whole model's names: checkpoints stay plan-independent
     for pname, ref in ref_params.items():
-        torch.testing.assert_close(params[pname], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
+        torch.testing.assert_close(params[pname], ref, atol=param_atol, rtol=1e-5, msg=lambda m: f"{pname}: {m}")
 
 
 def free_port() -> int:
