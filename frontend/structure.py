@@ -93,13 +93,20 @@ def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[di
                      "parallelism keeps the plain MLPs whole")
     attention = ("attn", "q", "k", "v", "qkv", "qkv_grouped", "o", "head_dim", "head_norms", "head_norm_dim",
                  "feature_norms", "head_params")
-    differ = [k for k in firsts if any(found[k][0].get(r) != roles.get(r) for r in attention)]
+    # a kind whose attention has other modules than the roles name keeps it whole over tp; one that differs only in
+    # its head width (Gemma 4's full-attention layers, 512 where the sliding ones have 256) is split at its own width
+    differ = [k for k in firsts if any(found[k][0].get(r) != roles.get(r) for r in attention if r != "head_dim")]
+    wider = [k for k in firsts if k not in differ and found[k][0].get("head_dim") != roles.get("head_dim")]
     if differ:
         roles["whole_attn_blocks"] = tuple(i for i, b in enumerate(blocks) if b.kind in differ)
         notes.append(f"{container}: the attention of blocks {list(roles['whole_attn_blocks'])} (kind {differ}) "
-                     f"differs from {firsts[kind].name}'s, whose roles stand; tensor parallelism keeps their "
-                     "attention whole")
-    if len(firsts) > 1 and not dense and not differ:
+                     f"has other modules than {firsts[kind].name}'s, whose roles stand; tensor parallelism keeps "
+                     "their attention whole")
+    if wider:
+        notes.append(f"{container}: the heads of blocks of kind {wider} are "
+                     f"{', '.join(str(found[k][0].get('head_dim')) for k in wider)} wide where {firsts[kind].name}'s "
+                     f"are {roles.get('head_dim')}; tensor parallelism splits each block's heads at their own width")
+    if len(firsts) > 1 and not dense and not differ and not wider:
         notes.append(f"{container}: blocks of {len(firsts)} kinds ({', '.join(sorted(firsts))}); roles are those "
                      f"of {firsts[kind].name}, and plans treat the other kinds by their graph only")
     return roles, notes
