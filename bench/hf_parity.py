@@ -27,6 +27,12 @@ POSITIONS = ("n_positions",)  # what a config calls its longest sequence, beyond
 LAYERS = ("num_hidden_layers", "n_layer", "n_layers")  # what a config calls its number of blocks
 NO_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout", "dropout",
               "hidden_dropout_prob", "attention_probs_dropout_prob", "summary_first_dropout", "residual_dropout")
+# tiny MoE and MLA settings under every name the newer configs use; each config reads the names it knows
+MOE = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
+           moe_topk=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_shared_experts=1, n_group=1,
+           topk_group=1, first_k_dense_replace=1)
+MLA = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+           v_head_dim=16, index_head_dim=16, index_n_heads=2, index_topk=8)
 # model_type -> (class, config beyond SMALL)
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", {}),
@@ -87,7 +93,34 @@ ARCHITECTURES = {
     # (config.per_layer_config), and per-layer input embeddings of width 16 beside the token embedding
     "gemma4_text": ("Gemma4ForCausalLM", dict(head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
                                               pad_token_id=0)),
+    # hybrid linear and full attention (Gated DeltaNet)
+    "qwen3_5_text": ("Qwen3_5ForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "glm4": ("Glm4ForCausalLM", dict(pad_token_id=0)),
+    "ministral3": ("Ministral3ForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "minimax_m2": ("MiniMaxM2ForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "hunyuan_v1_moe": ("HunYuanMoEV1ForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "ernie4_5_moe": ("Ernie4_5_MoeForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "cohere2": ("Cohere2ForCausalLM", dict(pad_token_id=0)),
+    "lfm2": ("Lfm2ForCausalLM", dict(pad_token_id=0)),  # short convolutions beside attention
+    "exaone_moe": ("ExaoneMoeForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "solar_open": ("SolarOpenForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "flex_olmo": ("FlexOlmoForCausalLM", dict(pad_token_id=0, **MOE)),
+    "arcee": ("ArceeForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "afmoe": ("AfmoeForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    # lightning attention in block 1 beside softmax attention in block 0: kept whole over tp there
+    "minimax": ("MiniMaxForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", dict(pad_token_id=0, **MOE, **MLA)),
+    "deepseek_v32": ("DeepseekV32ForCausalLM", dict(pad_token_id=0, **MOE, **MLA)),  # MLA with its indexer
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(pad_token_id=0, **MOE, **MLA)),
+    # Mamba-2 mixers beside attention; their time_step_limit holds infinity
+    "nemotron_h": ("NemotronHForCausalLM", dict(head_dim=16, pad_token_id=0)),
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", dict(pad_token_id=0, **MOE)),
+    "kimi_linear": ("KimiLinearForCausalLM", dict(head_dim=16, pad_token_id=0, **MOE)),
 }
+# not listed: PhiMoE, whose router samples its experts in training (sparsemixer: exponential_() and rand_like draws),
+# so no two runs match
 
 
 def write_config(model_type: str, where: Path, seq_len: int = 32, layers: int = 2) -> Path:
