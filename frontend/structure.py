@@ -75,7 +75,8 @@ def find_structure(model: nn.Module, graph: Graph) -> ModelStructure:
 def _kind_roles(flow: Flow, blocks: Sequence[Block], container: str) -> tuple[dict, list[str]]:
     """The roles of the first block of each kind, as one set: when some kinds have experts and others a
     plain MLP (DeepSeek-V3's leading dense layers), the experts' roles, with the other blocks listed in
-    ``dense_blocks``; other differences are noted, and the first block's roles stand."""
+    ``dense_blocks``; blocks whose attention has other modules than the roles name (MiniMax's lightning attention)
+    in ``whole_attn_blocks``; other differences are noted, and the first block's roles stand."""
     firsts: dict[str, Block] = {}
     for b in blocks:
         firsts.setdefault(b.kind, b)
