@@ -116,6 +116,15 @@ class NoPosition(Absent):
         return torch.zeros((), dtype=torch.get_default_dtype())
 
 
+def _carry_plain_attrs(stand_in: nn.Module, block: nn.Module) -> None:
+    """The block's own plain attributes (strings, numbers, booleans, None) on its stand-in: a model's forward may read
+    them off every block as it loops (Nemotron-H's ``layer.block_type`` picks each layer's mask)."""
+    for key, value in vars(block).items():
+        if (not key.startswith("_") and isinstance(value, (str, int, float, bool, type(None)))
+                and key not in vars(stand_in) and not hasattr(type(stand_in), key)):
+            setattr(stand_in, key, value)
+
+
 class StopBlock(Absent):
     """The block after this stage's last: ends the stage's forward with the stream it would have taken."""
 
@@ -187,6 +196,7 @@ class Stage(nn.Module):
             path = f"{blocks}.{i}"
             stand_in = (Handoff(path, self, block_tuple) if i < first else
                         StopBlock(path) if i == last and not projects else Absent(path))
+            _carry_plain_attrs(stand_in, model.get_submodule(path))
             root = _put(root, path, stand_in, owned)
         for k, path in enumerate(first_parts if not embeds else ()):  # the token embedding, then positions
             stand_in = (NoPosition(path) if k else Handoff(path, self) if first == 0 else

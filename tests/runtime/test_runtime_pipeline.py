@@ -154,3 +154,21 @@ def test_dp_rank_under_pipelining(ranks8) -> None:
     got = [(r["llama 1f1b zero3 sp recompute"]["pp_rank"], r["llama 1f1b zero3 sp recompute"]["dp_rank"])
            for r in ranks8]
     assert got == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+
+
+def test_a_stand_in_block_carries_the_plain_attributes_a_model_forward_reads() -> None:
+    """Nemotron-H's forward reads ``layer.block_type`` off every layer, those another stage holds too: their stand-ins
+    carry the block's strings, numbers and booleans (not its tensors, modules or nn.Module's own state); before, pp2
+    stopped with "'StopBlock' object has no attribute 'block_type'"."""
+    import torch
+    from torch import nn
+
+    from meshplan.runtime.pipeline import StopBlock, _carry_plain_attrs
+
+    block = nn.Linear(2, 2).eval()
+    block.block_type, block.layer_idx, block.scale, block.window, block.table = "mamba", 3, 0.5, None, torch.ones(2)
+    stand_in = StopBlock("model.layers.3")
+    _carry_plain_attrs(stand_in, block)
+    assert (stand_in.block_type, stand_in.layer_idx, stand_in.scale, stand_in.window) == ("mamba", 3, 0.5, None)
+    assert stand_in.path == "model.layers.3" and stand_in.training and not hasattr(stand_in, "table")
+    assert not list(stand_in.parameters())
