@@ -176,17 +176,16 @@ def replicated_sublayers(plan: Plan, cfg: dict[str, Any], layer: int) -> frozens
     intra-op program's answer); none for a plan without layouts (old plan files, ``meshplan estimate``),
     which gets the fixed Megatron split."""
     s = cfg["structure"]
-    other = frozenset({"attn"}) if layer in s.whole_attn_blocks and s.tp_linears()["attn"] else frozenset()
+    split = s.tp_linears()
+    # attention of another kind (ModelStructure.whole_attn_blocks): whole, whatever the roles' linears' layouts say
+    other = frozenset({"attn"}) if layer in s.whole_attn_blocks and split["attn"] else frozenset()
     if not plan.param_layouts:
         return other
     tp_axis, prefix = AXES.index("tp"), s.block_path(layer)
     weight_tp = {name: layout[tp_axis]
-                 for linears in s.tp_linears().values() if linears
+                 for sub, linears in split.items() if linears and sub not in other
                  for name in (*linears[0], linears[1])
                  if (layout := plan.param_layouts.get(f"{prefix}.{name}.weight")) is not None}
-    if other:  # attention of another kind (ModelStructure.whole_attn_blocks): the roles' linears are not its own
-        weight_tp = {name: tp for name, tp in weight_tp.items() if name not in {*s.tp_linears()["attn"][0],
-                                                                                  s.tp_linears()["attn"][1]}}
     return tp_plans.replicated_sublayers(s, prefix, weight_tp) | other
 
 
